@@ -1,0 +1,47 @@
+"""durable-codemode: code mode for LLM agents, made durable on Temporal.
+
+An agent run is a Temporal workflow; the model's `run_code` programs run in the Monty sandbox inside workflow
+code and replay deterministically; every tool call a program makes is a recorded activity.
+"""
+
+from ._agent import CodeModeAgent, ToolSelector
+from ._client import run_agent, start_run
+from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
+from ._context import ToolCallContext, current_call
+from ._devserver import start_dev_server, temporal_cli_path
+from ._errors import AgentNotFoundError, CodeModeError, CodeModeUserError, TransientToolError
+from ._pool import PoolSettings
+from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
+from ._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
+from ._workflow import CodeModeRunWorkflow
+
+__all__ = [
+    "DEFAULT_TASK_QUEUE",
+    "DEFAULT_TOOL_RETRY_POLICY",
+    "AgentNotFoundError",
+    "AgentSpec",
+    "CallRecord",
+    "CodeModeAgent",
+    "CodeModeError",
+    "CodeModePlugin",
+    "CodeModeRunWorkflow",
+    "CodeModeUserError",
+    "PoolSettings",
+    "RunInput",
+    "RunResult",
+    "SnippetLimits",
+    "SnippetRecord",
+    "ToolCallContext",
+    "ToolOptions",
+    "ToolSelector",
+    "ToolSpec",
+    "TransientToolError",
+    "TurnRecord",
+    "connect",
+    "create_worker",
+    "current_call",
+    "run_agent",
+    "start_dev_server",
+    "start_run",
+    "temporal_cli_path",
+]

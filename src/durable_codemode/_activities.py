@@ -1,0 +1,124 @@
+"""The activities a worker registers: describe the agent, request the model, run a tool.
+
+Tool activities are one dynamic activity that serves every `<agent>.<tool>` activity type: each tool call still
+shows under its own type in the history and the UI, and the worker needs no list of tools before it starts.
+Whether a failure is retried is decided here, in one place: transient failures are raised as retryable errors
+(bounded by the tool's retry policy), everything else as non-retryable errors whose type is the original
+exception's name, so the program sees a `KeyError` as a `KeyError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_ai import ModelRetry
+from pydantic_ai.exceptions import ModelHTTPError, UserError
+from pydantic_ai.messages import ModelResponse
+from temporalio import activity
+from temporalio.common import RawValue
+from temporalio.exceptions import ApplicationError
+
+from ._agent import CodeModeAgent
+from ._context import ToolCallContext, bind_call
+from ._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY
+from ._types import AgentSpec, ModelRequestInput, ToolCallInput
+
+__all__ = ["CodeModeActivities"]
+
+_TRANSIENT: tuple[type[BaseException], ...] = (TransientToolError, ConnectionError)
+"""Tool exceptions that are retried within the tool's retry policy; every other exception is final."""
+
+
+def _message(error: BaseException) -> str:
+    # str(KeyError('x')) is "'x'": show the message the tool wrote.
+    if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str):
+        return error.args[0]
+    return str(error) or type(error).__name__
+
+
+def _validation_message(tool: str, error: ValidationError) -> str:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in error.errors(include_url=False)
+    )
+    return f"invalid arguments for {tool}(): {problems}"
+
+
+class CodeModeActivities:
+    """The activity implementations for a set of agents, looked up by name."""
+
+    def __init__(self, agents: Sequence[CodeModeAgent]) -> None:
+        self._agents: dict[str, CodeModeAgent] = {}
+        for agent in agents:
+            if agent.name in self._agents:
+                raise CodeModeUserError(f"two agents are named {agent.name!r}; agent names must be unique on a worker")
+            self._agents[agent.name] = agent
+
+    @property
+    def agents(self) -> dict[str, CodeModeAgent]:
+        """The served agents by name."""
+        return dict(self._agents)
+
+    def agent(self, name: str) -> CodeModeAgent:
+        """The agent called `name`.
+
+        Raises:
+            AgentNotFoundError: no such agent is served here.
+        """
+        try:
+            return self._agents[name]
+        except KeyError:
+            raise AgentNotFoundError(name, list(self._agents)) from None
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity to register on the worker."""
+        return [self.describe_agent, self.model_request, self.run_tool]
+
+    @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
+    async def describe_agent(self, name: str) -> AgentSpec:
+        """Record the agent's spec at the start of a run."""
+        try:
+            return await self.agent(name).describe()
+        except CodeModeUserError as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+
+    @activity.defn(name=MODEL_REQUEST_ACTIVITY)
+    async def model_request(self, input: ModelRequestInput) -> ModelResponse:
+        """One request to the agent's model (or the run's override)."""
+        try:
+            return await self.agent(input.agent).request(input.model, input.messages, input.tools)
+        except (CodeModeUserError, UserError) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        except ModelHTTPError as e:
+            # 4xx other than timeouts and rate limits will fail the same way again: bad key, bad request.
+            retryable = e.status_code >= 500 or e.status_code in (408, 409, 429)
+            raise ApplicationError(str(e), type="ModelHTTPError", non_retryable=not retryable) from e
+
+    @activity.defn(dynamic=True)
+    async def run_tool(self, args: Sequence[RawValue]) -> Any:
+        """Serve the `<agent>.<tool>` activity types: validate the arguments, run the tool, classify failures."""
+        info = activity.info()
+        agent_name, _, tool_name = info.activity_type.rpartition(".")
+        if not args:
+            raise ApplicationError(f"activity {info.activity_type!r} got no input", non_retryable=True)
+        payload = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        try:
+            agent = self.agent(agent_name)
+        except AgentNotFoundError as e:
+            raise ApplicationError(str(e), type="AgentNotFoundError", non_retryable=True) from e
+        ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=payload.call_id, tool=tool_name,
+                              attempt=info.attempt)
+        with bind_call(ctx):
+            try:
+                return await agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt)
+            except _TRANSIENT as e:
+                raise ApplicationError(_message(e), type=type(e).__name__) from e
+            except ValidationError as e:
+                raise ApplicationError(_validation_message(tool_name, e), type="ValueError",
+                                       non_retryable=True) from e
+            except ModelRetry as e:
+                raise ApplicationError(e.message, type="ModelRetry", non_retryable=True) from e
+            except Exception as e:
+                raise ApplicationError(_message(e), type=type(e).__name__, non_retryable=True) from e

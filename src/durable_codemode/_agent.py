@@ -1,0 +1,241 @@
+"""`CodeModeAgent`: a `pydantic_ai.Agent` made durable, and the activity bodies that serve it on a worker.
+
+The agent stays an ordinary pydantic-ai agent (model, instructions, tools declared with `@agent.tool_plain`,
+`Tool(...)` or a `FunctionToolset`); this wrapper adds what the durable run needs to know: which tools the
+sandbox may call, their activity options, the snippet limits, and the environment the sandbox may read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_ai.usage import RunUsage
+
+from ._config import SnippetLimits, ToolOptions
+from ._errors import CodeModeUserError
+from ._names import RUN_CODE_TOOL, tool_activity_type
+from ._results import jsonable
+from ._stubs import render_stubs, run_code_tool_definition
+from ._types import AgentSpec, ToolSpec
+
+__all__ = ["CodeModeAgent", "ToolSelector"]
+
+ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
+"""Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
+
+_METADATA_KEY = "codemode"
+"""Per-tool options in a tool's pydantic-ai metadata: `metadata={'codemode': ToolOptions(...)}` (or a dict of
+`ToolOptions` fields)."""
+
+
+class CodeModeAgent:
+    """A pydantic-ai agent that runs durably on Temporal, its tools called from `run_code` programs.
+
+    Example:
+        ```python
+        agent = Agent("openai:gpt-5", name="cart", instructions="You manage the user's cart.")
+
+        @agent.tool_plain
+        def list_cart(offset: int = 0) -> CartPage: ...
+
+        cart = CodeModeAgent(agent, limits=SnippetLimits(max_tool_calls=200))
+        ```
+    """
+
+    def __init__(
+        self,
+        agent: Agent[Any, Any],
+        *,
+        name: str | None = None,
+        code_mode: bool = True,
+        sandbox_tools: ToolSelector | None = None,
+        tool_options: Mapping[str, ToolOptions] | None = None,
+        default_tool_options: ToolOptions | None = None,
+        limits: SnippetLimits | None = None,
+        env_allowlist: Sequence[str] = (),
+        deps: Any = None,
+    ) -> None:
+        """Wrap `agent`.
+
+        Args:
+            agent: The pydantic-ai agent. Its output type must be `str` (structured output is not supported yet).
+            name: The name runs use to pick this agent; defaults to `agent.name`. Part of every tool's activity
+                type (`<name>.<tool>`), so keep it stable across deploys.
+            code_mode: `False` turns code mode off: the model calls every tool directly (each call an activity).
+            sandbox_tools: Which tools programs may call; the rest stay native (the model calls them directly).
+                `None` (the default): all of them. A tool's own `in_sandbox` option wins over this.
+            tool_options: Activity options per tool name, over `default_tool_options` and under nothing; a
+                tool's `metadata={'codemode': ...}` is used when it has no entry here.
+            default_tool_options: Options for tools with none of their own.
+            limits: Bounds on each snippet and on the run; recorded when a run starts.
+            env_allowlist: Environment variables the sandbox may read (`os.getenv`); their values are read on
+                the worker when a run starts and recorded. Every other variable reads as unset.
+            deps: The `deps` value tools receive in their `RunContext`, if they take one.
+
+        Raises:
+            CodeModeUserError: on an agent without a name, an unsupported output type, or options for a tool
+                name that does not exist (checked when the worker starts).
+        """
+        resolved = name or agent.name
+        if not resolved:
+            raise CodeModeUserError("the agent has no name: pass `Agent(..., name='cart')` or "
+                                    "`CodeModeAgent(agent, name='cart')`; runs pick their agent by name")
+        if agent.output_type is not str:
+            raise CodeModeUserError(
+                f"agent {resolved!r} has output type {agent.output_type!r}; durable-codemode supports `str` output "
+                "only for now: have the model answer in text (or return JSON from a final run_code call)"
+            )
+        self.agent = agent
+        self.name = resolved
+        self.code_mode = code_mode
+        self._selector = sandbox_tools
+        self._tool_options = dict(tool_options or {})
+        self._default_options = default_tool_options or ToolOptions()
+        self.limits = limits or SnippetLimits()
+        self.env_allowlist = tuple(env_allowlist)
+        self.deps = deps
+        self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
+
+    def __repr__(self) -> str:
+        return f"CodeModeAgent(name={self.name!r}, code_mode={self.code_mode})"
+
+    # -- tools ------------------------------------------------------------------------------------------------
+
+    def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
+                     attempt: int = 1) -> RunContext[Any]:
+        model = self.agent.model
+        return RunContext(
+            deps=self.deps,
+            model=model if isinstance(model, Model) else infer_model(model or "test"),
+            usage=RunUsage(),
+            tool_name=tool_name,
+            tool_call_id=call_id,
+            retry=attempt - 1,
+        )
+
+    async def tools(self) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
+        """The agent's tools by name, with the toolset that runs each; read once per worker."""
+        if self._tools is None:
+            ctx = self._run_context()
+            found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
+            for toolset in self.agent.toolsets:
+                for tool_name, tool in (await toolset.get_tools(ctx)).items():
+                    found[tool_name] = (toolset, tool)
+            if RUN_CODE_TOOL in found and self.code_mode:
+                raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
+                                        "mode gives its own tool: rename it")
+            unknown = sorted(set(self._tool_options) - set(found))
+            if unknown:
+                raise CodeModeUserError(f"tool_options of agent {self.name!r} name tools it does not have: "
+                                        f"{unknown}; its tools are {sorted(found)}")
+            self._tools = found
+        return self._tools
+
+    def options_for(self, tool: ToolDefinition) -> ToolOptions:
+        """The options of `tool`: its `tool_options` entry, else its metadata, else the defaults."""
+        if tool.name in self._tool_options:
+            return self._tool_options[tool.name]
+        meta = (tool.metadata or {}).get(_METADATA_KEY)
+        if isinstance(meta, ToolOptions):
+            return meta
+        if isinstance(meta, Mapping):
+            try:
+                return replace(self._default_options, **meta)
+            except TypeError as e:
+                raise CodeModeUserError(
+                    f"metadata['{_METADATA_KEY}'] of tool {tool.name!r} is not valid ToolOptions: {e}; valid keys: "
+                    f"{sorted(asdict(self._default_options))}"
+                ) from e
+        return self._default_options
+
+    def _in_sandbox(self, tool: ToolDefinition, options: ToolOptions) -> bool:
+        if not self.code_mode:
+            return False
+        if options.in_sandbox is not None:
+            return options.in_sandbox
+        if self._selector is None:
+            return True
+        if callable(self._selector):
+            return bool(self._selector(tool))
+        return tool.name in self._selector
+
+    # -- activity bodies --------------------------------------------------------------------------------------
+
+    async def describe(self) -> AgentSpec:
+        """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment."""
+        captured: dict[str, Any] = {}
+
+        def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            captured["instructions"] = info.instructions
+            captured["model_settings"] = info.model_settings
+            return ModelResponse(parts=[TextPart("(describing the agent)")])
+
+        # Asking pydantic-ai what it would send the model resolves static and dynamic instructions exactly as
+        # an ordinary run does, using only its public API.
+        await self.agent.run("", model=FunctionModel(capture), deps=self.deps)
+        tools = await self.tools()
+        specs: list[ToolSpec] = []
+        sandbox_defs: list[ToolDefinition] = []
+        native_defs: list[ToolDefinition] = []
+        for tool_name, (_toolset, tool) in tools.items():
+            options = self.options_for(tool.tool_def)
+            in_sandbox = self._in_sandbox(tool.tool_def, options)
+            (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
+            specs.append(ToolSpec(name=tool_name, activity_type=tool_activity_type(self.name, tool_name),
+                                  in_sandbox=in_sandbox, timeout=options.timeout,
+                                  retry_policy=options.retry_policy, local=options.local))
+        stubs = render_stubs(sandbox_defs)
+        model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
+        model = self.agent.model
+        return AgentSpec(
+            agent=self.name,
+            model_name=model.model_name if isinstance(model, Model) else str(model),
+            instructions=captured.get("instructions"),
+            code_mode=self.code_mode,
+            model_tools=model_tools,
+            tools=specs,
+            stubs=stubs,
+            limits=self.limits,
+            env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
+        )
+
+    def resolve_model(self, override: str | None) -> Model:
+        """The model for a request: the run's model string if it has one, else the agent's model."""
+        chosen = override or self.agent.model
+        if chosen is None:
+            raise CodeModeUserError(f"agent {self.name!r} has no model: pass one to Agent(...) or start the run "
+                                    "with a model string (e.g. `--model openai:gpt-5`)")
+        return chosen if isinstance(chosen, Model) else infer_model(chosen)
+
+    async def request(self, override: str | None, messages: list[ModelMessage],
+                      tools: list[ToolDefinition]) -> ModelResponse:
+        """One model request with the recorded tool definitions."""
+        model = self.resolve_model(override)
+        params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
+        return await model.request(messages, self.agent.model_settings, params)
+
+    async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int) -> Any:
+        """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
+
+        Raises:
+            KeyError: the agent has no tool called `tool_name`.
+            ValueError: the arguments do not match the tool's schema (a pydantic `ValidationError`).
+        """
+        tools = await self.tools()
+        if tool_name not in tools:
+            raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
+        toolset, tool = tools[tool_name]
+        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt)
+        validated = tool.args_validator.validate_python(args)
+        return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
+

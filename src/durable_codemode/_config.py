@@ -1,0 +1,117 @@
+"""Configuration a user gives an agent: per-tool activity options and per-snippet limits.
+
+Both are validated when they are built, so a bad value is an error at import time, never a workflow task that
+fails inside workflow code and retries forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio.common import RetryPolicy
+
+from ._errors import CodeModeUserError
+
+__all__ = ["DEFAULT_TOOL_RETRY_POLICY", "SnippetLimits", "ToolOptions"]
+
+DEFAULT_TOOL_RETRY_POLICY = RetryPolicy(
+    initial_interval=timedelta(milliseconds=200),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=10),
+    maximum_attempts=3,
+)
+"""Bounded: a tool that keeps failing transiently reaches the program as an error after 3 attempts."""
+
+#: Temporal fails a workflow task that does not yield for 2 s (TMPRL1101); a snippet's compute runs inside a
+#: workflow task, so its limits stay well under that, with room for a replay on a slower, busier worker.
+_DEADLOCK_MARGIN_SECONDS = 1.5
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOptions:
+    """How one tool runs as a Temporal activity.
+
+    Example:
+        ```python
+        CodeModeAgent(agent, tool_options={"charge_card": ToolOptions(timeout=timedelta(seconds=90))})
+        ```
+    """
+
+    timeout: timedelta = timedelta(seconds=30)
+    """Start-to-close timeout of one attempt. A timed-out attempt is retried within `retry_policy`."""
+
+    retry_policy: RetryPolicy = field(default_factory=lambda: DEFAULT_TOOL_RETRY_POLICY)
+    """Retries for transient failures only: a timeout, a lost worker, `TransientToolError`, `ConnectionError`.
+    Any other exception a tool raises is final and reaches the program at once."""
+
+    local: bool = False
+    """Run as a local activity: ~10x cheaper per call, for short idempotent tools. While local activities run,
+    queries and updates to the run wait, so keep this off for tools of agents that await approvals."""
+
+    in_sandbox: bool | None = None
+    """`True`: callable from `run_code` snippets; `False`: a native tool the model calls directly; `None`:
+    decided by the agent's `sandbox_tools` selection (default: every tool is in the sandbox)."""
+
+    def __post_init__(self) -> None:
+        if self.timeout <= timedelta(0):
+            raise CodeModeUserError(f"ToolOptions.timeout must be positive, got {self.timeout}")
+        if self.retry_policy.maximum_attempts == 0:
+            raise CodeModeUserError(
+                "ToolOptions.retry_policy.maximum_attempts is 0, which Temporal reads as 'retry forever'; "
+                "tool failures must be bounded: set a number of attempts (1 disables retries)"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnippetLimits:
+    """Bounds on one `run_code` snippet, and on a run's size.
+
+    The limits a run starts with are recorded in its history and used by every replay of it, so a deploy that
+    changes them never changes how an old run replays.
+    """
+
+    max_tool_calls: int = 500
+    """Tool calls one snippet may make; further calls raise `RuntimeError` inside the snippet."""
+
+    max_memory_bytes: int = 256 * 1024 * 1024
+    """Heap of the sandbox; past it the snippet stops with `MemoryError`."""
+
+    max_recursion_depth: int = 500
+    """Call depth inside the sandbox; past it `RecursionError` (catchable)."""
+
+    max_output_bytes: int = 64 * 1024
+    """Size of a snippet's result (value and printed text, as JSON) returned to the model; the rest is cut,
+    with a note saying so."""
+
+    max_turn_seconds: float = 0.4
+    """Compute between two host round trips (tool calls, clock reads). Wall time, so not replay-safe: a
+    snippet over it ends the workflow run by continue-as-new, with a note to the model."""
+
+    max_feed_seconds: float = 1.0
+    """Compute of one whole snippet, excluding time spent waiting on tools and timers."""
+
+    max_snippets_per_run: int = 25
+    """Snippets one workflow run executes before it continues as new at the next model turn. With no workflow
+    cache, one workflow task replays every earlier snippet: this keeps that replay far from the 10 s workflow
+    task timeout."""
+
+    max_model_requests: int = 50
+    """Model requests over the whole agent run (across continue-as-new); past it the run fails with a clear
+    error instead of looping forever."""
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+        for name in ("max_tool_calls", "max_memory_bytes", "max_recursion_depth", "max_output_bytes",
+                     "max_snippets_per_run", "max_model_requests"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_turn_seconds", "max_feed_seconds"):
+            value = getattr(self, name)
+            if not 0 < value <= _DEADLOCK_MARGIN_SECONDS:
+                problems.append(
+                    f"{name} must be in (0, {_DEADLOCK_MARGIN_SECONDS}] seconds, got {value}: snippets run inside "
+                    "a workflow task, which Temporal fails after 2 s without a yield"
+                )
+        if problems:
+            raise CodeModeUserError("invalid SnippetLimits: " + "; ".join(problems))

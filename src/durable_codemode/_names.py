@@ -1,0 +1,72 @@
+"""Every name this library writes into a Temporal history, built in one place.
+
+These names are compatibility data: a run started by one version of a worker is replayed by the next, so
+renaming a Python class or function must never rename anything recorded. `tests/test_compat.py` pins them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+__all__ = [
+    "DESCRIBE_AGENT_ACTIVITY",
+    "MODEL_REQUEST_ACTIVITY",
+    "RUN_CODE_TOOL",
+    "WORKFLOW_TYPE",
+    "call_digest",
+    "nested_call_id",
+    "tool_activity_id",
+    "tool_activity_type",
+]
+
+WORKFLOW_TYPE = "durable-codemode.run"
+"""The workflow type of every agent run; the agent's name is part of the input (and the memo)."""
+
+MODEL_REQUEST_ACTIVITY = "durable-codemode.model_request"
+"""One model request: the conversation so far in, one `ModelResponse` out."""
+
+DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
+"""Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
+
+RUN_CODE_TOOL = "run_code"
+"""The one tool the model sees in code mode."""
+
+
+def tool_activity_type(agent: str, tool: str) -> str:
+    """The activity type of a tool: `<agent>.<tool>`, so two agents may both have a `list_items` tool."""
+    return f"{agent}.{tool}"
+
+
+def nested_call_id(run_code_call_id: str, n: int) -> str:
+    """`<run_code call id>.<n>`: stable across replays and retries, so tools can use it as an idempotency key."""
+    return f"{run_code_call_id}.{n}"
+
+
+def _canonical(value: Any) -> Any:
+    # A sandbox set arrives as a host set whose iteration order follows PYTHONHASHSEED: sort it, or two
+    # workers would hash the same call differently.
+    if isinstance(value, dict):
+        return {str(k): _canonical(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def call_digest(tool: str, arguments: dict[str, Any]) -> str:
+    """A short hash of (tool, arguments).
+
+    Temporal does not compare activity arguments on replay, so a replay that calls a tool with other arguments
+    would silently reuse the recorded result. With this digest in the activity id, it is a loud
+    nondeterminism error instead.
+    """
+    text = json.dumps([tool, _canonical(arguments)], sort_keys=True, default=repr, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def tool_activity_id(call_id: str, tool: str, arguments: dict[str, Any]) -> str:
+    """The activity id of a nested or direct tool call: `<call id>-<digest of tool and arguments>`."""
+    return f"{call_id}-{call_digest(tool, arguments)}"

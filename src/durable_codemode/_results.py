@@ -1,0 +1,69 @@
+"""The one contract for what a snippet gives back to the model, and previews for summaries.
+
+The model gets a JSON object: `result` (the last expression's value) and `printed` (what the program printed),
+each present only when there is one, so a program with neither gives `{}`. The whole object is bounded: past
+the limit, the printed text is cut first, then the result is replaced by the start of its JSON, with a note
+that tells the model how much was cut and what to do about it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic_core import to_jsonable_python
+
+__all__ = ["bounded_result", "jsonable", "preview"]
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON-compatible data; what JSON cannot hold (sandbox class proxies, ...) becomes its repr."""
+    return to_jsonable_python(value, fallback=repr, serialize_unknown=True)
+
+
+def _size(obj: Any) -> int:
+    return len(json.dumps(obj, ensure_ascii=False, default=repr).encode())
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    data = text.encode()
+    if len(data) <= max_bytes:
+        return text
+    return data[: max(0, max_bytes)].decode(errors="ignore")
+
+
+def bounded_result(value: Any, printed: str, *, max_bytes: int) -> dict[str, Any]:
+    """The model's view of a completed snippet, at most about `max_bytes` of JSON."""
+    out: dict[str, Any] = {}
+    if value is not None:
+        out["result"] = jsonable(value)
+    if printed:
+        out["printed"] = printed
+    total = _size(out)
+    if total <= max_bytes:
+        return out
+    notes: list[str] = []
+    if printed:
+        others = _size({k: v for k, v in out.items() if k != "printed"})
+        keep = max(max_bytes // 4, max_bytes - others - 200)
+        if keep < len(printed.encode()):
+            out["printed"] = _cut(printed, keep)
+            notes.append(f"printed text cut to its first {keep:,} bytes")
+    if _size(out) > max_bytes and "result" in out:
+        text = json.dumps(out["result"], ensure_ascii=False, default=repr)
+        room = max(256, max_bytes - _size({k: v for k, v in out.items() if k != "result"}) - 300)
+        del out["result"]
+        out["result_truncated"] = _cut(text, room)
+        notes.append(f"the result is {len(text.encode()):,} bytes of JSON; only its first {room:,} are shown")
+    out["note"] = (
+        f"Output over the {max_bytes:,}-byte limit: " + "; ".join(notes)
+        + ". Return less: filter, aggregate or slice in the program, and return counts, ids or a summary."
+    )
+    return out
+
+
+def preview(value: Any, limit: int = 200) -> str:
+    """A one-line preview of `value` for summaries and trees."""
+    text = value if isinstance(value, str) else json.dumps(jsonable(value), ensure_ascii=False, default=repr)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,311 @@
+"""A run's REPL: Monty driven from workflow code, every suspension answered through Temporal.
+
+This module runs inside workflow code, so it must be deterministic given the history:
+- tool calls become activities started in the order Monty announces them (deterministic given the same
+  answers), with ids `<run_code id>.<n>`;
+- a `FutureSnapshot` is answered with the calls Temporal reports done in this activation, in ascending call id
+  order (Monty hands `pending_call_ids` back in random order, and the order of the answers decides which
+  sandbox task wakes first and so every later call id);
+- clock reads answer `workflow.now()`, sleeps are durable timers, `random` is seeded from `workflow.random()`,
+  environment reads see only the recorded allow-list, files are refused.
+
+The one non-deterministic outcome is a compute limit (wall time) or a crashed sandbox: the caller ends the
+workflow run by continue-as-new in the same workflow task, so an open run never replays one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pydantic_monty
+from pydantic_monty import (
+    CollectStreams,
+    FunctionSnapshot,
+    FutureSnapshot,
+    MontyComplete,
+    MontyCrashedError,
+    MontyError,
+    MontyRuntimeError,
+    MontySyntaxError,
+    MontyTypingError,
+    NameLookupSnapshot,
+)
+from temporalio import workflow
+
+from . import _pool
+from ._names import nested_call_id
+from ._results import bounded_result, preview
+from ._types import AgentSpec, CallRecord
+
+__all__ = ["Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool"]
+
+Settled = dict[str, Any]
+"""A settled Monty answer: `{'return_value': v}` or `{'exc_type': 'ValueError', 'message': m}`."""
+
+StartTool = Callable[[str, dict[str, Any], str], Awaitable[tuple[Settled, CallRecord]]]
+"""Starts one tool call `(tool, kwargs, call_id)` and settles it; supplied by the workflow."""
+
+_FILE_FUNCTIONS_MESSAGE = "run_code has no file system or network; use the tools to read and change data"
+
+
+class SandboxUnavailableError(RuntimeError):
+    """No sandbox process was free in time. Raised in workflow code, it fails the workflow task (not the
+    workflow), so Temporal retries the task once a process is free."""
+
+
+@dataclass(kw_only=True)
+class SnippetOutcome:
+    """What one `run_code` call came to."""
+
+    kind: Literal["ok", "error", "rejected", "compute_limit", "sandbox_crashed"]
+    content: Any
+    """For the model: the bounded result object (`ok`, `error`) or the message to retry with (`rejected`)."""
+    calls: list[CallRecord] = field(default_factory=list)
+
+    @property
+    def ends_run(self) -> bool:
+        """Whether the workflow run must continue as new now, in this workflow task."""
+        return self.kind in ("compute_limit", "sandbox_crashed")
+
+    @property
+    def summary(self) -> str:
+        """A preview for the run's summary."""
+        return preview(self.content)
+
+
+def _is_time_limit(error: MontyRuntimeError) -> bool:
+    exc = error.exception()
+    return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
+
+
+class Repl:
+    """The Monty session of one workflow run; variables persist across its snippets."""
+
+    def __init__(self, spec: AgentSpec, start_tool: StartTool) -> None:
+        self._spec = spec
+        self._start_tool = start_tool
+        self._session: pydantic_monty.MontySession | None = None
+        self._tools = {t.name for t in spec.tools if t.in_sandbox}
+
+    def _checkout(self) -> pydantic_monty.MontySession:
+        limits = self._spec.limits
+        session = _pool.get_pool().checkout(
+            script_name="snippet.py",
+            limits={
+                "max_turn_duration_secs": limits.max_turn_seconds,
+                "max_feed_duration_secs": limits.max_feed_seconds,
+                "max_memory": limits.max_memory_bytes,
+                "max_recursion_depth": limits.max_recursion_depth,
+                # Our own bound is tool calls per snippet; Monty's counts every suspension of the whole session
+                # (clock reads, future resolutions) and cannot be disabled, so it is set far out of the way.
+                "max_suspensions": 1_000_000_000,
+            },
+            os_policy={
+                "datetime": "call_host",
+                "sleep": "call_host",
+                "random_start": {"seed": workflow.random().getrandbits(63)},
+            },
+            type_check=True,
+            type_check_stubs=self._spec.stubs,
+            type_check_format="concise",
+        )
+        try:
+            session.__enter__()
+        except TimeoutError as e:
+            raise SandboxUnavailableError(
+                "no Monty sandbox process was free in time; the workflow task will be retried. Raise "
+                "PoolSettings.max_processes if this keeps happening."
+            ) from e
+        _pool.note_checkout(+1)
+        return session
+
+    def close(self) -> None:
+        """Return the sandbox process to the pool; the REPL's state is gone."""
+        session, self._session = self._session, None
+        if session is not None:
+            _pool.note_checkout(-1)
+            try:
+                session.__exit__(None, None, None)
+            except MontyError:
+                pass  # The process is already gone (crash, time limit); the pool replaces it.
+
+    async def run(self, code: str, *, run_code_id: str, restart: bool) -> SnippetOutcome:
+        """Feed one snippet and drive it to completion; never raises a `MontyError`."""
+        if restart:
+            self.close()
+        if self._session is None:
+            # Seed and checkout happen on first use, so a run that never calls run_code draws no random
+            # numbers and holds no sandbox process.
+            self._session = self._checkout()
+        driver = _SnippetDriver(self._spec, self._tools, self._start_tool, code, run_code_id)
+        outcome = await driver.drive(self._session)
+        if outcome.ends_run:
+            self.close()
+        return outcome
+
+
+class _SnippetDriver:
+    """Answers one snippet's suspensions until it completes."""
+
+    def __init__(
+        self, spec: AgentSpec, tools: set[str], start_tool: StartTool, code: str, run_code_id: str
+    ) -> None:
+        self._spec = spec
+        self._tools = tools
+        self._start_tool = start_tool
+        self._code = code
+        self._run_code_id = run_code_id
+        self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
+        self._calls: list[CallRecord] = []
+        self._n = 0
+        self._streams = CollectStreams(max_bytes=spec.limits.max_output_bytes + 1)
+
+    def _printed(self) -> str:
+        return "".join(text for _stream, text in self._streams.output)
+
+    async def drive(self, session: pydantic_monty.MontySession) -> SnippetOutcome:
+        limits = self._spec.limits
+        try:
+            try:
+                snap = session.feed_start(self._code, print_callback=self._streams)
+                while not isinstance(snap, MontyComplete):
+                    if isinstance(snap, FunctionSnapshot):
+                        snap = await self._answer_call(snap)
+                    elif isinstance(snap, FutureSnapshot):
+                        snap = snap.resume(await self._settle(snap.pending_call_ids))
+                    elif isinstance(snap, NameLookupSnapshot):
+                        snap = snap.resume()  # an undefined name: NameError inside the snippet
+                    else:  # pragma: no cover - Monty's sync API has no other snapshot kind
+                        raise TypeError(f"unexpected Monty snapshot {snap!r}")
+                content = bounded_result(snap.output, self._printed(), max_bytes=limits.max_output_bytes)
+                return SnippetOutcome(kind="ok", content=content, calls=self._calls)
+            finally:
+                self._cancel_pending()
+        except MontySyntaxError as e:
+            return self._rejected("SyntaxError", e.display("type-msg"), e)
+        except MontyTypingError as e:
+            return self._rejected("type error", e.display(), e)
+        except MontyRuntimeError as e:
+            if _is_time_limit(e):
+                return SnippetOutcome(
+                    kind="compute_limit",
+                    content={
+                        "error": f"{e.display('type-msg')}. The program used more than its compute budget "
+                        f"({limits.max_turn_seconds:g} s between tool calls, {limits.max_feed_seconds:g} s in "
+                        "all) and was stopped. The REPL was restarted: variables from earlier run_code calls "
+                        "are gone. Do heavy work in smaller steps, or with fewer loops over the data."
+                    },
+                    calls=self._calls,
+                )
+            error = bounded_result(None, self._printed(), max_bytes=limits.max_output_bytes)
+            error["error"] = e.display("type-msg")
+            error["traceback"] = e.display()
+            return SnippetOutcome(kind="error", content=error, calls=self._calls)
+        except MontyCrashedError as e:
+            return self._crashed(str(e))
+        except MontyError as e:  # disconnects, conversion errors: the session cannot be trusted any more
+            return self._crashed(f"{type(e).__name__}: {e}")
+
+    def _rejected(self, what: str, message: str, error: MontyError) -> SnippetOutcome:
+        return SnippetOutcome(
+            kind="rejected",
+            content=f"The code was not run: {what}.\n{message.strip()}\nFix the code and call run_code again.",
+            calls=self._calls,
+        )
+
+    def _crashed(self, message: str) -> SnippetOutcome:
+        return SnippetOutcome(
+            kind="sandbox_crashed",
+            content={
+                "error": f"The sandbox process stopped ({message}). The REPL was restarted: variables from "
+                "earlier run_code calls are gone. Tool calls that completed before it stopped did happen."
+            },
+            calls=self._calls,
+        )
+
+    async def _answer_call(self, snap: FunctionSnapshot) -> Any:
+        if snap.is_os_function:
+            return await self._answer_os_call(snap)
+        name = snap.function_name
+        if name not in self._tools:
+            return snap.resume({"exc_type": "NameError", "message": f"name '{name}' is not defined"})
+        if snap.args:
+            return snap.resume({
+                "exc_type": "TypeError",
+                "message": f"{name}() takes keyword arguments only, e.g. {name}(id=1); got {len(snap.args)} "
+                "positional",
+            })
+        if self._n >= self._spec.limits.max_tool_calls:
+            return snap.resume({
+                "exc_type": "RuntimeError",
+                "message": f"tool call limit reached: a program may make {self._spec.limits.max_tool_calls} "
+                "tool calls; split the work across several run_code calls",
+            })
+        call_id = nested_call_id(self._run_code_id, self._n)
+        self._n += 1
+        future = asyncio.ensure_future(self._start_tool(name, dict(snap.kwargs), call_id))
+        self._pending[snap.call_id] = future  # type: ignore[assignment]
+        return snap.resume({"future": ...})
+
+    async def _answer_os_call(self, snap: FunctionSnapshot) -> Any:
+        name = snap.function_name
+        args = snap.args
+        now = workflow.now()
+        if name == "datetime.now":
+            tz = args[0] if args else None
+            value: Any = now.astimezone(tz) if tz is not None else now.replace(tzinfo=None)
+            return snap.resume({"return_value": value})
+        if name == "date.today":
+            return snap.resume({"return_value": now.date()})
+        if name == "time.time":
+            return snap.resume({"return_value": now.timestamp()})
+        if name in ("time.sleep", "asyncio.sleep"):
+            seconds = float(args[0]) if args else 0.0
+            if name == "asyncio.sleep":
+                self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
+                return snap.resume({"future": ...})
+            await self._sleep(seconds)
+            return snap.resume({"return_value": None})
+        if name == "os.getenv":
+            key = args[0] if args else None
+            default = args[1] if len(args) > 1 else None
+            return snap.resume({"return_value": self._spec.env.get(str(key), default)})
+        if name == "os.environ":
+            return snap.resume({"return_value": dict(self._spec.env)})
+        if name == "os.urandom":
+            n = min(int(args[0]) if args else 0, 1 << 20)
+            return snap.resume({"return_value": workflow.random().randbytes(n)})
+        return snap.resume({"exc_type": "PermissionError", "message": f"{name}: {_FILE_FUNCTIONS_MESSAGE}"})
+
+    @staticmethod
+    async def _sleep(seconds: float) -> tuple[Settled, CallRecord | None]:
+        if seconds > 0:
+            await workflow.sleep(seconds)
+        return {"return_value": None}, None
+
+    async def _settle(self, pending_call_ids: list[int]) -> dict[int, Any]:
+        ids = sorted(pending_call_ids)
+        futures = [self._pending[i] for i in ids]
+        if not any(f.done() for f in futures):
+            await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+        answers: dict[int, Any] = {}
+        for i in ids:  # ascending: see the module docstring
+            future = self._pending[i]
+            if future.done():
+                del self._pending[i]
+                settled, record = future.result()
+                if record is not None:
+                    self._calls.append(record)
+                answers[i] = settled
+        return answers
+
+    def _cancel_pending(self) -> None:
+        # Calls still running when the program ends (e.g. a gather that raised) are cancelled; their
+        # records say so.
+        for future in self._pending.values():
+            future.cancel()
+        self._pending.clear()
+

@@ -1,0 +1,182 @@
+"""The data that crosses the workflow boundary: run input and result, activity inputs, the recorded spec.
+
+All are plain dataclasses serialized by Temporal's pydantic payload converter. Keep activity inputs small: a
+nested call's input is the tool name, its arguments and its id, never the run's context or schemas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.usage import RunUsage
+from temporalio.common import RetryPolicy
+
+from ._config import SnippetLimits
+
+__all__ = [
+    "AgentSpec",
+    "CallRecord",
+    "Continuation",
+    "ModelRequestInput",
+    "RunInput",
+    "RunResult",
+    "SnippetRecord",
+    "ToolCallInput",
+    "ToolSpec",
+    "TurnRecord",
+]
+
+
+@dataclass(kw_only=True)
+class RunInput:
+    """The input of one agent run (one workflow, possibly a chain of continue-as-new runs)."""
+
+    agent: str
+    """The agent's name, as registered with the worker."""
+
+    prompt: str | None = None
+    """The user's prompt; `None` only when `message_history` already ends with a request to answer."""
+
+    message_history: list[ModelMessage] = field(default_factory=list)
+    """Earlier conversation, e.g. a previous run's messages, in pydantic-ai's message format."""
+
+    model: str | None = None
+    """A pydantic-ai model string (`openai:gpt-5`, ...) overriding the agent's model for this run."""
+
+    continuation: Continuation | None = None
+    """Set by the runtime when a run continues as new; never set it yourself."""
+
+
+@dataclass(kw_only=True)
+class ToolSpec:
+    """How one tool is called, as recorded when the run started."""
+
+    name: str
+    activity_type: str
+    in_sandbox: bool
+    timeout: timedelta
+    retry_policy: RetryPolicy
+    local: bool
+
+
+@dataclass(kw_only=True)
+class AgentSpec:
+    """Everything a run needs to know about its agent, recorded once at the start by an activity.
+
+    Replays (and every continue-as-new run of the chain) read this record instead of the worker's current
+    configuration: a deploy that changes an agent's limits or stubs never changes how an old run replays.
+    """
+
+    agent: str
+    model_name: str
+    instructions: str | None
+    code_mode: bool
+    model_tools: list[ToolDefinition]
+    """The tool definitions the model sees: `run_code` (in code mode) and the native tools."""
+    tools: list[ToolSpec]
+    stubs: str
+    """The Python stubs of the sandbox tools, used to type-check snippets."""
+    limits: SnippetLimits
+    env: dict[str, str]
+    """Environment variables the sandbox may read: the agent's allow-list, valued when the run started."""
+
+    def tool(self, name: str) -> ToolSpec | None:
+        """The spec of the tool called `name`, or `None`."""
+        return next((t for t in self.tools if t.name == name), None)
+
+
+@dataclass(kw_only=True)
+class CallRecord:
+    """One tool call, nested in a snippet or made directly by the model."""
+
+    call_id: str
+    tool: str
+    args: str
+    """A preview of the arguments (at most ~200 characters)."""
+    status: Literal["ok", "error", "cancelled"]
+    result: str
+    """A preview of the result or the error."""
+    started_at: datetime
+    finished_at: datetime
+
+
+@dataclass(kw_only=True)
+class SnippetRecord:
+    """One `run_code` call."""
+
+    call_id: str
+    code: str
+    outcome: Literal["ok", "error", "rejected", "compute_limit", "sandbox_crashed"]
+    """`ok`: completed; `error`: raised inside the sandbox; `rejected`: syntax/type error, the model was asked
+    to retry; `compute_limit` / `sandbox_crashed`: the run continued as new."""
+    result: str
+    """A preview of what the model got back."""
+    calls: list[CallRecord] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class TurnRecord:
+    """One model request and what the run did with its response."""
+
+    index: int
+    text: str
+    """The text parts of the response (the final answer, on the last turn)."""
+    snippets: list[SnippetRecord] = field(default_factory=list)
+    direct_calls: list[CallRecord] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Continuation:
+    """What a run carries into the next run of its continue-as-new chain."""
+
+    spec: AgentSpec
+    usage: RunUsage
+    turns: list[TurnRecord]
+    runs: int
+    """How many runs of this chain ended by continue-as-new before this one."""
+    note: str | None = None
+    """Why the last run continued as new, when the model must be told (e.g. the REPL was restarted)."""
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """What an agent run returns."""
+
+    output: str
+    usage: RunUsage
+    turns: list[TurnRecord]
+    continued_as_new: int
+    """Runs of this chain that ended by continue-as-new."""
+
+    @property
+    def nested_calls(self) -> list[CallRecord]:
+        """Every tool call made from a snippet, in order."""
+        return [c for t in self.turns for s in t.snippets for c in s.calls]
+
+    @property
+    def direct_calls(self) -> list[CallRecord]:
+        """Every tool call the model made directly (tools outside the sandbox, or code mode off)."""
+        return [c for t in self.turns for c in t.direct_calls]
+
+
+@dataclass(kw_only=True)
+class ModelRequestInput:
+    """The input of the model-request activity."""
+
+    agent: str
+    model: str | None
+    messages: list[ModelMessage]
+    tools: list[ToolDefinition]
+
+
+@dataclass(kw_only=True)
+class ToolCallInput:
+    """The input of a tool activity: only what the call needs, to keep histories small."""
+
+    tool: str
+    args: dict[str, Any]
+    call_id: str

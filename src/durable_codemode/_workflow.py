@@ -1,0 +1,282 @@
+"""The agent run as a Temporal workflow: model turns through an activity, `run_code` snippets in workflow code.
+
+The loop is ours, not pydantic-ai's agent graph, because the workflow must own each turn: it records the agent's
+spec once and replays with it, ends a run by continue-as-new in the same workflow task when a snippet hits its
+compute limit, and keeps the history small (a nested call's activity carries only its tool, arguments and id).
+pydantic-ai still supplies the models, the message format, the tools and their schemas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        ModelRequestPart,
+        ModelResponse,
+        RetryPromptPart,
+        TextPart,
+        ToolCallPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.usage import RunUsage
+
+    from ._names import (
+        DESCRIBE_AGENT_ACTIVITY,
+        MODEL_REQUEST_ACTIVITY,
+        RUN_CODE_TOOL,
+        WORKFLOW_TYPE,
+        tool_activity_id,
+    )
+    from ._results import preview
+    from ._sandbox import Repl, Settled, SnippetOutcome
+    from ._types import (
+        AgentSpec,
+        CallRecord,
+        Continuation,
+        ModelRequestInput,
+        RunInput,
+        RunResult,
+        SnippetRecord,
+        ToolCallInput,
+        TurnRecord,
+    )
+
+__all__ = ["CodeModeRunWorkflow"]
+
+_MODEL_TIMEOUT = timedelta(minutes=5)
+_MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
+                           maximum_attempts=5)
+_DESCRIBE_TIMEOUT = timedelta(seconds=30)
+
+#: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
+_SANDBOX_EXCEPTIONS = frozenset({
+    "ArithmeticError", "AssertionError", "AttributeError", "FileExistsError", "FileNotFoundError",
+    "ImportError", "IndexError", "KeyError", "LookupError", "MemoryError", "NotImplementedError",
+    "OSError", "OverflowError", "PermissionError", "RecursionError", "RuntimeError", "TimeoutError",
+    "TypeError", "UnicodeDecodeError", "UnicodeEncodeError", "ValueError", "ZeroDivisionError",
+})
+
+
+def _tool_error(tool: str, error: ActivityError) -> Settled:
+    cause = error.cause
+    if isinstance(cause, ApplicationError):
+        name = cause.type or "RuntimeError"
+        if name in _SANDBOX_EXCEPTIONS:
+            return {"exc_type": name, "message": cause.message}
+        return {"exc_type": "RuntimeError", "message": f"{name}: {cause.message}"}
+    if isinstance(cause, TemporalTimeoutError):
+        return {"exc_type": "TimeoutError", "message": f"{tool}() timed out, and retries did not help"}
+    if isinstance(cause, CancelledError):
+        return {"exc_type": "RuntimeError", "message": f"{tool}() was cancelled"}
+    return {"exc_type": "RuntimeError", "message": f"{tool}() failed: {cause or error}"}
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class CodeModeRunWorkflow:
+    """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`."""
+
+    def __init__(self) -> None:
+        self._spec: AgentSpec | None = None
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunResult:
+        cont = input.continuation
+        if cont is None:
+            spec = await workflow.execute_local_activity(
+                DESCRIBE_AGENT_ACTIVITY,
+                input.agent,
+                result_type=AgentSpec,
+                start_to_close_timeout=_DESCRIBE_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary=f"describe agent {input.agent}",
+            )
+            cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
+        self._spec = spec = cont.spec
+        messages: list[ModelMessage] = list(input.message_history)
+        if input.prompt is not None:
+            now = workflow.now()
+            messages.append(ModelRequest(parts=[UserPromptPart(input.prompt, timestamp=now)],
+                                         instructions=spec.instructions, timestamp=now))
+        if not messages or not isinstance(messages[-1], ModelRequest):
+            raise ApplicationError(
+                "nothing to answer: give a prompt, or a message history that ends with a request",
+                type="InvalidRunInput", non_retryable=True,
+            )
+        repl = Repl(spec, self._start_tool)
+        try:
+            return await self._loop(input, cont, messages, repl)
+        finally:
+            repl.close()
+
+    async def _loop(
+        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
+    ) -> RunResult:
+        spec = cont.spec
+        limits = spec.limits
+        usage, turns = cont.usage, cont.turns
+        snippets_this_run = 0
+        while True:
+            if usage.requests >= limits.max_model_requests:
+                raise ApplicationError(
+                    f"the run made {usage.requests} model requests, its limit (SnippetLimits."
+                    "max_model_requests); the model may be looping. Raise the limit if the task needs more.",
+                    type="ModelRequestLimitExceeded", non_retryable=True,
+                )
+            if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
+                self._continue_as_new(input, cont, messages, note=None)
+            index = len(turns)
+            response = await workflow.execute_activity(
+                MODEL_REQUEST_ACTIVITY,
+                ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools),
+                result_type=ModelResponse,
+                start_to_close_timeout=_MODEL_TIMEOUT,
+                retry_policy=_MODEL_RETRY,
+                summary=f"model turn {index}",
+            )
+            usage.incr(response.usage)
+            usage.requests += 1
+            messages.append(response)
+            text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+            turn = TurnRecord(index=index, text=text)
+            turns.append(turn)
+            calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+            if not calls:
+                if text:
+                    return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs)
+                messages.append(self._request([RetryPromptPart(
+                    "Your response had neither text nor a tool call; answer in text or call a tool.")]))
+                continue
+            parts: list[ModelRequestPart] = []
+            direct = [c for c in calls if c.tool_name != RUN_CODE_TOOL]
+            direct_results = [asyncio.ensure_future(self._direct_call(c)) for c in direct]
+            for call in calls:
+                if call.tool_name != RUN_CODE_TOOL:
+                    continue
+                snippets_this_run += 1
+                part, outcome = await self._run_code(call, repl, turn)
+                parts.append(part)
+                if outcome is not None and outcome.ends_run:
+                    for other in calls[calls.index(call) + 1:]:
+                        parts.append(self._return(other, {"error": "not run: the run was restarted first"}))
+                    for future in direct_results:
+                        future.cancel()
+                    messages.append(self._request(self._in_call_order(calls, parts)))
+                    self._continue_as_new(input, cont, messages, note=outcome.kind)
+            for call, result in zip(direct, await asyncio.gather(*direct_results), strict=True):
+                part, record = result
+                parts.append(part)
+                turn.direct_calls.append(record)
+            messages.append(self._request(self._in_call_order(calls, parts)))
+
+    @staticmethod
+    def _in_call_order(calls: list[ToolCallPart], parts: list[ModelRequestPart]) -> list[ModelRequestPart]:
+        order = {c.tool_call_id: i for i, c in enumerate(calls)}
+        return sorted(parts, key=lambda p: order.get(getattr(p, "tool_call_id", ""), len(order)))
+
+    def _request(self, parts: list[ModelRequestPart]) -> ModelRequest:
+        assert self._spec is not None
+        return ModelRequest(parts=parts, instructions=self._spec.instructions, timestamp=workflow.now())
+
+    @staticmethod
+    def _return(call: ToolCallPart, content: Any) -> ToolReturnPart:
+        return ToolReturnPart(tool_name=call.tool_name, content=content, tool_call_id=call.tool_call_id,
+                              timestamp=workflow.now())
+
+    async def _run_code(
+        self, call: ToolCallPart, repl: Repl, turn: TurnRecord
+    ) -> tuple[ModelRequestPart, SnippetOutcome | None]:
+        try:
+            args = call.args_as_dict()
+        except ValueError:
+            args = {}
+        code, restart = args.get("code"), args.get("restart", False)
+        if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
+            retry = RetryPromptPart(
+                "run_code takes {'code': str, 'restart': bool (optional)}; got "
+                f"{preview(call.args)}", tool_name=RUN_CODE_TOOL, tool_call_id=call.tool_call_id,
+                timestamp=workflow.now(),
+            )
+            return retry, None
+        outcome = await repl.run(code, run_code_id=call.tool_call_id, restart=restart)
+        turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
+                                           result=outcome.summary, calls=outcome.calls))
+        if outcome.kind == "rejected":
+            return RetryPromptPart(outcome.content, tool_name=RUN_CODE_TOOL, tool_call_id=call.tool_call_id,
+                                   timestamp=workflow.now()), outcome
+        return self._return(call, outcome.content), outcome
+
+    async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
+        assert self._spec is not None
+        tool = self._spec.tool(call.tool_name)
+        now = workflow.now()
+        if tool is None or tool.in_sandbox:
+            known = sorted(t.name for t in self._spec.model_tools)
+            message = f"Unknown tool {call.tool_name!r}; the tools are: {', '.join(known)}."
+            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
+                                status="error", result=message, started_at=now, finished_at=now)
+            return RetryPromptPart(message, tool_name=call.tool_name, tool_call_id=call.tool_call_id,
+                                   timestamp=now), record
+        try:
+            args = call.args_as_dict()
+        except ValueError as e:
+            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
+                                status="error", result=str(e), started_at=now, finished_at=now)
+            return RetryPromptPart(f"The arguments are not valid JSON: {e}", tool_name=call.tool_name,
+                                   tool_call_id=call.tool_call_id, timestamp=now), record
+        settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id)
+        if "return_value" in settled:
+            return self._return(call, settled["return_value"]), record
+        return RetryPromptPart(f"{settled['exc_type']}: {settled.get('message', '')}", tool_name=call.tool_name,
+                               tool_call_id=call.tool_call_id, timestamp=workflow.now()), record
+
+    async def _start_tool(self, tool: str, args: dict[str, Any], call_id: str) -> tuple[Settled, CallRecord]:
+        """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
+        assert self._spec is not None
+        spec = self._spec.tool(tool)
+        assert spec is not None, f"tool {tool!r} is not in the recorded spec"
+        options: dict[str, Any] = {
+            "start_to_close_timeout": spec.timeout,
+            "retry_policy": spec.retry_policy,
+            "activity_id": tool_activity_id(call_id, tool, args),
+            "summary": f"{call_id} {tool}({preview(args, 120)[1:-1] if args else ''})",
+        }
+        payload = ToolCallInput(tool=tool, args=args, call_id=call_id)
+        started = workflow.now()
+        status: Any = "ok"
+        try:
+            if spec.local:
+                value = await workflow.execute_local_activity(spec.activity_type, payload, **options)
+            else:
+                value = await workflow.execute_activity(spec.activity_type, payload, **options)
+            settled: Settled = {"return_value": value}
+        except ActivityError as e:
+            settled, status = _tool_error(tool, e), "error"
+        except asyncio.CancelledError:
+            raise
+        result = preview(settled.get("return_value")) if status == "ok" else (
+            f"{settled['exc_type']}: {settled.get('message', '')}")
+        return settled, CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
+                                   started_at=started, finished_at=workflow.now())
+
+    @staticmethod
+    def _continue_as_new(
+        input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None
+    ) -> None:
+        workflow.continue_as_new(RunInput(
+            agent=input.agent,
+            message_history=messages,
+            model=input.model,
+            continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
+                                      note=note),
+        ))

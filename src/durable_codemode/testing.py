@@ -1,0 +1,172 @@
+"""Helpers for testing agents: a scripted model that plays the model's part, the dev server, replay checks.
+
+The scripted model is the one part a test fakes: it is a pydantic-ai `FunctionModel` that answers from a
+script, so a test runs on a real Temporal server with real Monty and real tools, offline.
+
+Example:
+    ```python
+    model = scripted_model(
+        RunCode("page = await list_cart(offset=0)\\nlen(page['items'])"),
+        lambda messages: f"You have {last_result(messages)['result']} lines.",
+    )
+    ```
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker, WorkflowReplayResult
+
+from ._agent import CodeModeAgent
+from ._context import ToolCallContext, bind_call
+from ._devserver import start_dev_server
+from ._names import RUN_CODE_TOOL
+from ._worker import create_worker, workflow_runner
+from ._workflow import CodeModeRunWorkflow
+
+__all__ = [
+    "CallTool",
+    "RunCode",
+    "Step",
+    "fetch_chain_histories",
+    "last_result",
+    "new_task_queue",
+    "replay",
+    "running_worker",
+    "scripted_model",
+    "start_dev_server",
+    "tool_call_context",
+]
+
+
+@dataclass(frozen=True)
+class RunCode:
+    """A scripted `run_code` call."""
+
+    code: str
+    restart: bool = False
+    id: str | None = None
+    """The tool call id; default `call_<turn>` (`call_<turn>_<i>` when a step makes several calls)."""
+
+
+@dataclass(frozen=True)
+class CallTool:
+    """A scripted direct tool call (a native tool, or any tool with code mode off)."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+Step = Union[str, RunCode, CallTool, Sequence[Union[RunCode, CallTool]], Callable[[list[ModelMessage]], "Step"]]
+"""A model turn: final text, one or more tool calls, or a function of the conversation so far returning a step."""
+
+
+def last_result(messages: Sequence[ModelMessage], index: int = 0) -> Any:
+    """What the run returned to the model last: the `index`-th tool return (or retry prompt) of the last request.
+
+    For a `run_code` call this is the result object (`{'result': ..., 'printed': ...}`); for a retry prompt, its
+    text.
+    """
+    request = next(m for m in reversed(messages) if isinstance(m, ModelRequest))
+    parts = [p for p in request.parts if isinstance(p, (ToolReturnPart, RetryPromptPart))]
+    part = parts[index]
+    return part.content if isinstance(part, ToolReturnPart) else part.model_response()
+
+
+def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:
+    """A model that answers turn k with `steps[k]` (k = responses so far in the conversation).
+
+    Being a function of the conversation, not of a counter, it gives the same answer to a retried request and
+    keeps its place across continue-as-new. A run that asks for more turns than the script has gets an error
+    saying so.
+    """
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        turn = sum(isinstance(m, ModelResponse) for m in messages)
+        if turn >= len(steps):
+            raise RuntimeError(f"the scripted model has {len(steps)} turns and was asked for turn {turn + 1}")
+        step: Any = steps[turn]
+        while callable(step):
+            step = step(messages)
+        if isinstance(step, str):
+            return ModelResponse(parts=[TextPart(step)], model_name=name)
+        calls = [step] if isinstance(step, (RunCode, CallTool)) else list(step)
+        parts: list[ToolCallPart] = []
+        for i, call in enumerate(calls):
+            default_id = f"call_{turn}" if len(calls) == 1 else f"call_{turn}_{i}"
+            if isinstance(call, RunCode):
+                args: dict[str, Any] = {"code": call.code}
+                if call.restart:
+                    args["restart"] = True
+                parts.append(ToolCallPart(RUN_CODE_TOOL, args, tool_call_id=call.id or default_id))
+            else:
+                parts.append(ToolCallPart(call.name, dict(call.args), tool_call_id=call.id or default_id))
+        return ModelResponse(parts=list(parts), model_name=name)
+
+    return FunctionModel(respond, model_name=name)
+
+
+def new_task_queue(prefix: str = "test") -> str:
+    """A fresh task queue, so tests never share workers."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@asynccontextmanager
+async def running_worker(
+    client: Client, agents: Sequence[CodeModeAgent], *, task_queue: str | None = None, **options: Any
+) -> AsyncIterator[Worker]:
+    """A worker serving `agents` on `task_queue` (default: a fresh one) for the duration of the block."""
+    worker = create_worker(client, agents, task_queue=task_queue or new_task_queue(), **options)
+    async with worker:
+        yield worker
+
+
+async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
+    """The histories of every run of a continue-as-new chain, first to last."""
+    client = handle._client  # noqa: SLF001 - the handle knows its client; asking again would need it passed in
+    run_id: str | None = handle.first_execution_run_id or handle.result_run_id or handle.run_id
+    histories = []
+    while run_id:
+        history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        run_id = (last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                  if last.HasField("workflow_execution_continued_as_new_event_attributes") else None)
+    return histories
+
+
+async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]:
+    """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=pydantic_data_converter,
+                        workflow_runner=workflow_runner())
+    results = []
+    for history in await fetch_chain_histories(handle):
+        results.append(await replayer.replay_workflow(history))
+    return results
+
+
+@contextmanager
+def tool_call_context(
+    *, workflow_id: str = "test-run", call_id: str = "call_0.0", tool: str = "tool", attempt: int = 1
+) -> Any:
+    """Make `current_call()` work when a test calls a tool function directly."""
+    with bind_call(ToolCallContext(workflow_id=workflow_id, call_id=call_id, tool=tool, attempt=attempt)) as ctx:
+        yield ctx
