@@ -38,6 +38,7 @@ from temporalio import workflow
 from . import _pool
 from ._names import nested_call_id
 from ._results import bounded_result, preview
+from ._stubs import TYPE_CHECK_PRELUDE
 from ._types import AgentSpec, CallRecord
 
 __all__ = ["Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool"]
@@ -109,7 +110,7 @@ class Repl:
                 "random_start": {"seed": workflow.random().getrandbits(63)},
             },
             type_check=True,
-            type_check_stubs=self._spec.stubs,
+            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs,
             type_check_format="concise",
         )
         try:

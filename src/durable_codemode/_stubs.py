@@ -15,7 +15,18 @@ from pydantic_ai.tools import ToolDefinition
 from ._config import SnippetLimits
 from ._names import RUN_CODE_TOOL
 
-__all__ = ["render_stubs", "run_code_tool_definition"]
+__all__ = ["TYPE_CHECK_PRELUDE", "render_stubs", "run_code_tool_definition"]
+
+TYPE_CHECK_PRELUDE = """\
+class PermissionError(OSError): ...
+class FileNotFoundError(OSError): ...
+class FileExistsError(OSError): ...
+class ImportError(Exception): ...
+class UnicodeDecodeError(ValueError): ...
+"""
+"""Builtin exceptions the sandbox raises at run time but its type checker (pydantic-monty 1.4.0) does not know:
+without these, `except PermissionError:` (how a program catches a denied call) is rejected as an unresolved
+name. Type checking only; the model never sees them."""
 
 _STUB_HEADER = "from typing import Any, Literal, NotRequired, TypedDict\n"
 

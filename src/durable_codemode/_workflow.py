@@ -23,9 +23,11 @@ with workflow.unsafe.imports_passed_through():
         ModelRequest,
         ModelRequestPart,
         ModelResponse,
-        RetryPromptPart,
+        RetryFeedbackPart,
+        RetryInfo,
         TextPart,
         ToolCallPart,
+        ToolRetryCause,
         ToolReturnPart,
         UserPromptPart,
     )
@@ -154,8 +156,9 @@ class CodeModeRunWorkflow:
             if not calls:
                 if text:
                     return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs)
-                messages.append(self._request([RetryPromptPart(
-                    "Your response had neither text nor a tool call; answer in text or call a tool.")]))
+                messages.append(self._request([RetryFeedbackPart(
+                    "Your response had neither text nor a tool call; answer in text or call a tool.",
+                    retry=RetryInfo("no_output"))]))
                 continue
             parts: list[ModelRequestPart] = []
             direct = [c for c in calls if c.tool_name != RUN_CODE_TOOL]
@@ -193,6 +196,12 @@ class CodeModeRunWorkflow:
         return ToolReturnPart(tool_name=call.tool_name, content=content, tool_call_id=call.tool_call_id,
                               timestamp=workflow.now())
 
+    @staticmethod
+    def _retry(call: ToolCallPart, message: str, cause: ToolRetryCause) -> ToolReturnPart:
+        """Answer `call` with a request to try again (pydantic-ai's retried tool return)."""
+        return ToolReturnPart(tool_name=call.tool_name, content=message, tool_call_id=call.tool_call_id,
+                              timestamp=workflow.now(), outcome="retried", retry=RetryInfo(cause))
+
     async def _run_code(
         self, call: ToolCallPart, repl: Repl, turn: TurnRecord
     ) -> tuple[ModelRequestPart, SnippetOutcome | None]:
@@ -202,18 +211,13 @@ class CodeModeRunWorkflow:
             args = {}
         code, restart = args.get("code"), args.get("restart", False)
         if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
-            retry = RetryPromptPart(
-                "run_code takes {'code': str, 'restart': bool (optional)}; got "
-                f"{preview(call.args)}", tool_name=RUN_CODE_TOOL, tool_call_id=call.tool_call_id,
-                timestamp=workflow.now(),
-            )
-            return retry, None
+            message = f"run_code takes {{'code': str, 'restart': bool (optional)}}; got {preview(call.args)}"
+            return self._retry(call, message, "validation_error"), None
         outcome = await repl.run(code, run_code_id=call.tool_call_id, restart=restart)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
                                            result=outcome.summary, calls=outcome.calls))
         if outcome.kind == "rejected":
-            return RetryPromptPart(outcome.content, tool_name=RUN_CODE_TOOL, tool_call_id=call.tool_call_id,
-                                   timestamp=workflow.now()), outcome
+            return self._retry(call, outcome.content, "validation_error"), outcome
         return self._return(call, outcome.content), outcome
 
     async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
@@ -225,20 +229,17 @@ class CodeModeRunWorkflow:
             message = f"Unknown tool {call.tool_name!r}; the tools are: {', '.join(known)}."
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=message, started_at=now, finished_at=now)
-            return RetryPromptPart(message, tool_name=call.tool_name, tool_call_id=call.tool_call_id,
-                                   timestamp=now), record
+            return self._retry(call, message, "unknown_tool"), record
         try:
             args = call.args_as_dict()
         except ValueError as e:
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=str(e), started_at=now, finished_at=now)
-            return RetryPromptPart(f"The arguments are not valid JSON: {e}", tool_name=call.tool_name,
-                                   tool_call_id=call.tool_call_id, timestamp=now), record
+            return self._retry(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
         settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id)
         if "return_value" in settled:
             return self._return(call, settled["return_value"]), record
-        return RetryPromptPart(f"{settled['exc_type']}: {settled.get('message', '')}", tool_name=call.tool_name,
-                               tool_call_id=call.tool_call_id, timestamp=workflow.now()), record
+        return self._retry(call, f"{settled['exc_type']}: {settled.get('message', '')}", "model_retry"), record
 
     async def _start_tool(self, tool: str, args: dict[str, Any], call_id: str) -> tuple[Settled, CallRecord]:
         """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""

@@ -24,7 +24,6 @@ from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
-    RetryPromptPart,
     TextPart,
     ToolCallPart,
     ToolReturnPart,
@@ -82,13 +81,11 @@ Step = Union[str, RunCode, CallTool, Sequence[Union[RunCode, CallTool]], Callabl
 def last_result(messages: Sequence[ModelMessage], index: int = 0) -> Any:
     """What the run returned to the model last: the `index`-th tool return (or retry prompt) of the last request.
 
-    For a `run_code` call this is the result object (`{'result': ..., 'printed': ...}`); for a retry prompt, its
-    text.
+    For a `run_code` call this is the result object (`{'result': ..., 'printed': ...}`); for a call the model must
+    retry (a syntax error, bad arguments), the message saying why.
     """
     request = next(m for m in reversed(messages) if isinstance(m, ModelRequest))
-    parts = [p for p in request.parts if isinstance(p, (ToolReturnPart, RetryPromptPart))]
-    part = parts[index]
-    return part.content if isinstance(part, ToolReturnPart) else part.model_response()
+    return [p for p in request.parts if isinstance(p, ToolReturnPart)][index].content
 
 
 def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:

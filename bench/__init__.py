@@ -1,0 +1,1 @@
+"""Benchmarks (`python bench/run_bench.py`); a package so the floor workflow module is importable."""

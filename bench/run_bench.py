@@ -1,0 +1,316 @@
+"""Code mode on Temporal against the floor: a bare workflow making the same activity calls.
+
+`python bench/run_bench.py [--n 20 100 200] [--reps 5] [--json rows.json] [--check]` starts a dev server in
+memory, a code-mode worker and a floor worker, runs every scenario R times (code mode and floor interleaved,
+the order alternating per repetition) after a warm-up, and prints one table of medians. See
+`bench/README.md` for what is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.floor` must be importable
+
+from pydantic_ai import Agent
+from temporalio.api.history.v1 import History
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
+
+from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
+from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, create_worker, start_dev_server, start_run
+from durable_codemode._pool import shutdown_pool
+from durable_codemode._worker import workflow_runner
+from durable_codemode.testing import RunCode, last_result, scripted_model
+
+Kind = Literal["gather", "sequential"]
+Side = Literal["codemode", "floor"]
+
+CODEMODE_QUEUE = "bench-codemode"
+FLOOR_QUEUE = "bench-floor"
+
+TARGET_RATIO = 1.15  # gather-200 wall time, code mode / floor
+TARGET_OVERHEAD = 600.0  # history bytes per nested call beyond the tool's own arguments and result
+TARGET_REPLAY = 0.3  # seconds to replay the gather-200 history
+TARGET_N = 200
+
+
+def snippet(kind: Kind, n: int) -> str:
+    """The `run_code` program of a scenario."""
+    if kind == "gather":
+        return f"import asyncio\nr = await asyncio.gather(*(get(i=i) for i in range({n})))\nsum(r)"
+    return f"total = 0\nfor i in range({n}):\n    total += await get(i=i)\ntotal"
+
+
+def make_agent(kind: Kind, n: int) -> CodeModeAgent:
+    """An agent whose scripted model makes one `run_code` call, then answers with the snippet's result."""
+    model = scripted_model(RunCode(snippet(kind, n)), lambda m: str(last_result(m)["result"]))
+    agent = Agent(model, name=f"bench-{kind}-{n}", instructions="Use run_code.")  # type: ignore[call-overload]
+
+    @agent.tool_plain
+    async def get(i: int) -> int:
+        """Get the value of item i."""
+        return i
+
+    return CodeModeAgent(agent)
+
+
+@dataclass
+class Row:
+    """One measured run (`--json` writes these)."""
+
+    scenario: str
+    kind: str
+    n: int
+    side: str
+    rep: int
+    wall_s: float
+    events: int
+    history_proto_bytes: int
+    history_json_chars: int
+    replay_s: float
+
+
+def history_sizes(history: WorkflowHistory) -> tuple[int, int, int]:
+    """Events, serialized protobuf bytes (what the server stores), `to_json()` characters."""
+    return len(history.events), History(events=list(history.events)).ByteSize(), len(history.to_json())
+
+
+class Bench:
+    """Runs scenarios against one client; both workers must be running."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.cm_replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=pydantic_data_converter,
+                                    workflow_runner=workflow_runner())
+        self.floor_replayer = Replayer(workflows=[FloorWorkflow], data_converter=pydantic_data_converter)
+
+    async def run_codemode(self, kind: Kind, n: int) -> tuple[float, WorkflowHistory]:
+        start = time.perf_counter()
+        handle = await start_run(self.client, f"bench-{kind}-{n}", "go", task_queue=CODEMODE_QUEUE,
+                                 run_id=f"bench-cm-{kind}-{n}-{uuid.uuid4().hex[:8]}")
+        result = await handle.result()
+        wall = time.perf_counter() - start
+        expected = str(sum(range(n)))
+        if result.output != expected or len(result.nested_calls) != n:
+            raise AssertionError(f"code mode {kind}-{n}: output {result.output!r} (want {expected!r}), "
+                                 f"{len(result.nested_calls)} nested calls (want {n})")
+        return wall, await handle.fetch_history()
+
+    async def run_floor(self, kind: Kind, n: int) -> tuple[float, WorkflowHistory]:
+        start = time.perf_counter()
+        handle = await self.client.start_workflow(FloorWorkflow.run, FloorInput(n=n, mode=kind),
+                                                  id=f"bench-floor-{kind}-{n}-{uuid.uuid4().hex[:8]}",
+                                                  task_queue=FLOOR_QUEUE)
+        result = await handle.result()
+        wall = time.perf_counter() - start
+        if result != sum(range(n)):
+            raise AssertionError(f"floor {kind}-{n}: got {result}, want {sum(range(n))}")
+        return wall, await handle.fetch_history()
+
+    async def measure(self, side: Side, kind: Kind, n: int, rep: int) -> Row:
+        runner = self.run_codemode if side == "codemode" else self.run_floor
+        replayer = self.cm_replayer if side == "codemode" else self.floor_replayer
+        wall, history = await runner(kind, n)
+        start = time.perf_counter()
+        await replayer.replay_workflow(history)
+        replay = time.perf_counter() - start
+        events, proto, js = history_sizes(history)
+        return Row(scenario=f"{kind}-{n}", kind=kind, n=n, side=side, rep=rep, wall_s=wall, events=events,
+                   history_proto_bytes=proto, history_json_chars=js, replay_s=replay)
+
+
+def median(rows: Sequence[Row], side: Side, scenario: str, attr: str) -> float:
+    values = [float(getattr(r, attr)) for r in rows if r.side == side and r.scenario == scenario]
+    return statistics.median(values)
+
+
+def machine() -> str:
+    def version(dist: str) -> str:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return "?"
+
+    from durable_codemode import temporal_cli_path
+
+    try:
+        cli = subprocess.run([temporal_cli_path(), "--version"], capture_output=True, text=True, timeout=10,
+                             check=False).stdout.strip()
+    except Exception as e:  # the version line is informative only
+        cli = f"? ({e})"
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"machine: {platform.machine()} {platform.system()} {platform.release()}, cpu_count={os.cpu_count()} "
+        f"(usable {affinity}), {platform.processor() or ''}".rstrip(", ") + "\n"
+        f"python {platform.python_version()}, temporalio {version('temporalio')}, pydantic-monty "
+        f"{version('pydantic-monty')}, pydantic-ai-slim {version('pydantic-ai-slim')}, {cli}"
+    )
+
+
+def fmt_s(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def table(rows: Sequence[Row], scenarios: Sequence[tuple[Kind, int]], reps: int) -> tuple[str, list[bool]]:
+    """The one table, and the target verdicts."""
+    header = ["scenario", "wall cm", "wall floor", "cm/floor", "events cm/floor", "history B cm/floor",
+              "overhead B/call", "marginal B/call", "replay cm", "replay floor", "targets"]
+    lines: list[list[str]] = []
+    verdicts: list[bool] = []
+    smallest: dict[str, int] = {}
+    for kind, n in scenarios:
+        smallest.setdefault(kind, n)
+    for kind, n in scenarios:
+        sc = f"{kind}-{n}"
+
+        def m(side: Side, attr: str, sc: str = sc) -> float:
+            return median(rows, side, sc, attr)
+
+        wall_cm, wall_fl = m("codemode", "wall_s"), m("floor", "wall_s")
+        ratio = wall_cm / wall_fl
+        b_cm, b_fl = m("codemode", "history_proto_bytes"), m("floor", "history_proto_bytes")
+        overhead = (b_cm - b_fl) / n
+        marginal = "—"
+        n0 = smallest[kind]
+        if n0 != n:
+            sc0 = f"{kind}-{n0}"
+            d0 = median(rows, "codemode", sc0, "history_proto_bytes") - median(rows, "floor", sc0,
+                                                                                 "history_proto_bytes")
+            marginal = f"{((b_cm - b_fl) - d0) / (n - n0):.0f}"
+        replay_cm = m("codemode", "replay_s")
+        targets: list[str] = []
+        if n == TARGET_N:
+            if kind == "gather":
+                ok = ratio <= TARGET_RATIO
+                verdicts.append(ok)
+                targets.append(f"wall≤{TARGET_RATIO}x {verdict(ok)}")
+            ok = overhead <= TARGET_OVERHEAD
+            verdicts.append(ok)
+            targets.append(f"overhead≤{TARGET_OVERHEAD:.0f} B {verdict(ok)}")
+            if kind == "gather":
+                ok = replay_cm <= TARGET_REPLAY
+                verdicts.append(ok)
+                targets.append(f"replay≤{TARGET_REPLAY} s {verdict(ok)}")
+        lines.append([
+            sc, fmt_s(wall_cm), fmt_s(wall_fl), f"{ratio:.2f}x",
+            f"{m('codemode', 'events'):.0f} / {m('floor', 'events'):.0f}",
+            f"{b_cm:,.0f} / {b_fl:,.0f}", f"{overhead:.0f}", marginal,
+            fmt_s(replay_cm), fmt_s(m("floor", "replay_s")), ", ".join(targets) or "—",
+        ])
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+
+    def render(cells: Sequence[str]) -> str:
+        return " | ".join(c.ljust(w) if i in (0, len(cells) - 1) else c.rjust(w)
+                          for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    out = [render(header), "-+-".join("-" * w for w in widths)]
+    out += [render(line) for line in lines]
+    if verdicts:
+        failed = len(verdicts) - sum(verdicts)
+        out.append(f"targets: {sum(verdicts)}/{len(verdicts)} PASS" + (f", {failed} FAIL" if failed else ""))
+    else:
+        out.append(f"targets: not evaluated (they apply to N={TARGET_N})")
+    out.append(f"medians of {reps} repetition(s); history B = serialized protobuf bytes of the history "
+               "(fetch_history); overhead = (B cm - B floor) / N; marginal = the same per extra call vs the "
+               "smallest N")
+    return "\n".join(out), verdicts
+
+
+async def run(args: argparse.Namespace) -> int:
+    ns: list[int] = sorted(set(args.n))
+    kinds: list[Kind] = ["gather", "sequential"]
+    scenarios = [(k, n) for k in kinds for n in ns]
+    print(machine(), flush=True)
+    agents = [make_agent(k, n) for k, n in scenarios]
+    # The dev server prints a banner on its stdout, which it inherits: give it stderr (or nothing), so that
+    # stdout carries only the machine line and the table.
+    saved_stdout = os.dup(1)
+    sink = os.open(os.devnull, os.O_WRONLY) if not args.verbose else os.dup(2)
+    try:
+        os.dup2(sink, 1)
+        env = await start_dev_server()
+    finally:
+        os.dup2(saved_stdout, 1)
+        os.close(saved_stdout)
+        os.close(sink)
+    try:
+        client = env.client
+        cm_worker = create_worker(client, agents, task_queue=CODEMODE_QUEUE)
+        floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorWorkflow],
+                              activities=FLOOR_ACTIVITIES)
+        async with cm_worker, floor_worker:
+            bench = Bench(client)
+            def log(text: str) -> None:
+                if args.verbose:
+                    print(text, file=sys.stderr, flush=True)
+
+            # Warm-up: one unmeasured run of each kind at the smallest N on both sides (imports, the sandbox
+            # pool, pollers, the replayers).
+            for kind in kinds:
+                for side in ("codemode", "floor"):
+                    n = ns[0]
+                    row = await bench.measure(side, kind, n, -1)  # type: ignore[arg-type]
+                    log(f"warm-up {row.scenario} {side}: {row.wall_s:.3f} s")
+            rows: list[Row] = []
+            for rep in range(args.reps):
+                for kind, n in scenarios:
+                    sides: list[Side] = ["codemode", "floor"] if rep % 2 == 0 else ["floor", "codemode"]
+                    for side in sides:
+                        row = await bench.measure(side, kind, n, rep)
+                        rows.append(row)
+                        log(f"rep {rep} {row.scenario} {side}: wall {row.wall_s:.3f} s, replay "
+                            f"{row.replay_s:.3f} s, {row.events} events, {row.history_proto_bytes} B")
+    finally:
+        await env.shutdown()
+        shutdown_pool()
+    text, verdicts = table(rows, scenarios, args.reps)
+    print(text, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    return 1 if args.check and not all(verdicts) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--n", type=int, nargs="+", default=[20, 100, 200], help="nested calls per scenario")
+    parser.add_argument("--reps", type=int, default=5, help="measured repetitions per scenario (median)")
+    parser.add_argument("--json", metavar="FILE", help="write the raw rows (every repetition) as JSON")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every run to stderr")
+    args = parser.parse_args(argv)
+    if args.reps < 1 or min(args.n) < 1:
+        parser.error("--reps and --n must be at least 1")
+    try:
+        code = asyncio.run(run(args))
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # A script ending in Temporal calls can abort at interpreter exit (PyGILState_Release): leave at once.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

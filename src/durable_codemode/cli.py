@@ -1,0 +1,465 @@
+"""The `codemode` command line: the offline demo, a dev server with a worker, a worker, and starting runs.
+
+```
+codemode demo [--lines 122]                      the cart agent end to end, offline, on an in-memory server
+codemode dev [--db FILE] [--port 7233] [--ui]    a persistent dev server plus a worker, until Ctrl-C
+codemode worker [--task-queue Q]                 a worker for the bundled agents (TEMPORAL_ADDRESS/embedded)
+codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS and print its result
+```
+
+Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the command was used wrongly or the
+server cannot be reached; 130 interrupted.
+
+`main()` leaves with `os._exit` after flushing: a short script whose last act is a Temporal call can abort at
+interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash report. Because
+`os._exit` skips `atexit`, everything that needs stopping (servers, workers, the Monty pool) is stopped first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, NoReturn, TextIO
+
+from pydantic import TypeAdapter
+from pydantic_ai.models import Model
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+
+from . import _pool
+from ._agent import CodeModeAgent
+from ._client import start_run
+from ._devserver import start_dev_server
+from ._errors import CodeModeUserError
+from ._tree import render_tree
+from ._types import RunResult
+from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
+
+__all__ = [
+    "DEV_SERVER_DB",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "exit_process",
+    "main",
+    "run_cli",
+    "run_command",
+    "serve_bundled_agents",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The run failed, or the demo's cart is not in the state the prompt asked for."""
+EXIT_USAGE = 2
+"""Wrong arguments, bad configuration, or no server at the address (argparse uses 2 too)."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C, by the shell's convention (128 + SIGINT)."""
+
+DEV_SERVER_DB = Path("~/.local/share/durable-codemode/dev-server.sqlite")
+"""Where `codemode dev`, `codemode worker` and `worker.py` keep an embedded server's runs (`~` expanded)."""
+
+_ADDRESS_ENV = "TEMPORAL_ADDRESS"
+
+
+def _err(message: str) -> None:
+    print(f"codemode: {message}", file=sys.stderr, flush=True)
+
+
+def _say(message: str = "", *, out: TextIO | None = None) -> None:
+    print(message, file=out or sys.stdout, flush=True)
+
+
+def _tree_width() -> int:
+    # Piped output (tests, logs) gets the fallback; never wider than a tree is pleasant to read.
+    return min(shutil.get_terminal_size((100, 24)).columns, 140)
+
+
+def _address(client: Client) -> str:
+    return client.service_client.config.target_host
+
+
+def _bundled_agents() -> list[CodeModeAgent]:
+    # Imported here, not at module level: `codemode run` needs neither the apps nor their stores, and a
+    # library user importing `durable_codemode.cli` should not need the bundled apps to be importable.
+    from workflows import cart
+
+    return cart.agents()
+
+
+def _model_label(agent: CodeModeAgent) -> str:
+    from workflows import cart
+
+    model = agent.agent.model
+    name = model.model_name if isinstance(model, Model) else str(model)
+    if name == cart.SCRIPTED_MODEL_NAME:
+        return (f"{name} (a scripted model playing the model's part, offline; set {cart.MODEL_ENV} and "
+                "OPENAI_API_KEY or ANTHROPIC_API_KEY to use a real one)")
+    return name
+
+
+def _failure_message(error: BaseException) -> str:
+    """What went wrong, from the failure's causes: the worker's own words, not Temporal's wrappers.
+
+    `WorkflowFailureError` → `ActivityError` → `ApplicationError` chains carry generic outer messages
+    ("Workflow execution failed", "Activity task failed"); the application errors inside say what happened
+    (for an unknown agent, the worker's "no agent named ..."), outermost first.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = getattr(current, "cause", None) or current.__cause__
+    told = [e.message for e in chain if isinstance(e, ApplicationError) and e.message]
+    if not told:
+        told = [str(chain[-1]) or type(chain[-1]).__name__]
+    unique = list(dict.fromkeys(m.strip().rstrip(".") for m in told))
+    return ": ".join(unique)
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+# -- serving ------------------------------------------------------------------------------------------------
+
+
+async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str) -> None:
+    """Serve `agents` until Ctrl-C or SIGTERM, then shut the worker down gracefully.
+
+    A graceful shutdown releases the worker's sticky queue at once; a killed worker leaves its runs stalled
+    for the sticky timeout. The handlers stay installed until the event loop closes, so a second signal
+    (a terminal sends Ctrl-C to the whole process group; `timeout` signals the child and the group) cannot
+    interrupt the shutdown or the embedded server's stop halfway.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    names = ", ".join(a.name for a in agents)
+    async with create_worker(client, agents, task_queue=task_queue):
+        _say(f"worker: serving {names} on task queue {task_queue!r}; Ctrl-C stops it")
+        await stop.wait()
+        _say("worker: stopping")
+    _say("worker: stopped")
+
+
+def _how_to_run(address: str, task_queue: str) -> None:
+    queue = "" if task_queue == DEFAULT_TASK_QUEUE else f" --task-queue {task_queue}"
+    _say("start a run from another terminal:\n"
+         f'  {_ADDRESS_ENV}={address} codemode run cart "Remove everything in my cart that costs more than '
+         f'$50 a piece."{queue}')
+
+
+@asynccontextmanager
+async def _embedded_server(
+    db_file: Path, *, port: int | None = None, ui: bool = False
+) -> AsyncIterator[Client]:
+    db_file = db_file.expanduser()
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    for what, number in (("port", port), ("UI port", port + 1000 if ui and port else None)):
+        # The dev server's start-up check only connects to the port: on a busy port it would quietly hand back
+        # a client of whatever server already listens there, and runs would land in the wrong place.
+        if number is not None and _port_in_use(number):
+            raise CodeModeUserError(
+                f"{what} {number} on 127.0.0.1 is in use (another Temporal server?): stop it, pass another "
+                f"--port, or serve that server with `{_ADDRESS_ENV}=127.0.0.1:{number} codemode worker`"
+            )
+    async with await start_dev_server(db_file=db_file, port=port, ui=ui) as env:
+        yield env.client
+
+
+async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
+    """Serve the bundled agents until Ctrl-C: on `TEMPORAL_ADDRESS` if set, else on an embedded dev server.
+
+    The one implementation behind `python worker.py` and `codemode worker`. The embedded server persists to
+    `DEV_SERVER_DB`, so runs started against it survive a restart of the worker.
+
+    Raises:
+        CodeModeUserError: `TEMPORAL_ADDRESS` is set but unreachable, or an agent is misconfigured.
+
+    """
+    agents = _bundled_agents()
+    if os.environ.get(_ADDRESS_ENV):
+        client = await connect()
+        _say(f"connected to {_address(client)} ({_ADDRESS_ENV})")
+        await _serve(client, agents, task_queue)
+        return EXIT_OK
+    async with _embedded_server(DEV_SERVER_DB) as client:
+        address = _address(client)
+        _say(f"embedded Temporal dev server at {address} ({_ADDRESS_ENV} is unset), runs kept in "
+             f"{DEV_SERVER_DB.expanduser()}")
+        _how_to_run(address, task_queue)
+        await _serve(client, agents, task_queue)
+    return EXIT_OK
+
+
+# -- commands -----------------------------------------------------------------------------------------------
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from activities.cart import CartStore, check_removed_over, over_threshold
+    from workflows import cart
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="codemode-demo-") as tmp:
+        db = Path(tmp) / "cart.sqlite"
+        os.environ[cart.CART_DB_ENV] = str(db)
+        store = CartStore(db)
+        store.seed(lines=args.lines)
+        before = store.all_lines()
+        over = over_threshold(before)
+        agent = cart.cart_agent(store)
+        _say("durable-codemode demo: the cart agent on an embedded Temporal dev server (in memory)")
+        _say(f"  cart    {db} ({len(before)} lines, {len(over)} over $50, pages of 50)")
+        _say(f"  model   {_model_label(agent)}")
+        _say(f"  prompt  {cart.DEMO_PROMPT}")
+        async with await start_dev_server() as env:
+            client = env.client
+            task_queue = f"demo-{uuid.uuid4().hex[:10]}"
+            _say(f"  server  {_address(client)}, task queue {task_queue}")
+            async with create_worker(client, [agent], task_queue=task_queue):
+                handle = await start_run(client, agent.name, cart.DEMO_PROMPT, task_queue=task_queue)
+                _say(f"run {handle.id} started")
+                run_started = time.monotonic()
+                try:
+                    result = await handle.result()
+                except WorkflowFailureError as e:
+                    _err(f"run {handle.id} failed: {_failure_message(e)}")
+                    return EXIT_FAILED
+                run_seconds = time.monotonic() - run_started
+        _say(f"\nanswer: {result.output}\n")
+        _say(render_tree(result, width=_tree_width()))
+        problems = check_removed_over(store, before)
+        duplicates = store.duplicate_effects()
+        if duplicates:
+            problems.append(f"{duplicates} tool calls ran their side effect more than once")
+        _say()
+        if problems:
+            _say(f"end state: {len(problems)} problems")
+            for problem in problems:
+                _say(f"  - {problem}")
+        else:
+            removed = store.execution_count("remove_line")
+            _say(f"end state: correct ({len(over)} lines over $50 removed, {len(before) - len(over)} kept, "
+                 f"{removed} removals, none repeated)")
+        usage = result.usage
+        _say(f"time: {run_seconds:.2f} s for the run, {time.monotonic() - started:.2f} s in all "
+             "(with server start and stop)")
+        _say(f"usage: {usage.requests} model requests, {usage.input_tokens} input tokens, "
+             f"{usage.output_tokens} output tokens")
+        return EXIT_FAILED if problems else EXIT_OK
+
+
+async def _dev(args: argparse.Namespace) -> int:
+    db = Path(args.db) if args.db else DEV_SERVER_DB
+    agents = _bundled_agents()
+    async with _embedded_server(db, port=args.port, ui=args.ui) as client:
+        address = _address(client)
+        _say(f"Temporal dev server at {address}, runs kept in {db.expanduser()}")
+        if args.ui:
+            _say(f"web UI at http://127.0.0.1:{args.port + 1000}")
+        _how_to_run(address, DEFAULT_TASK_QUEUE)
+        await _serve(client, agents, DEFAULT_TASK_QUEUE)
+    return EXIT_OK
+
+
+async def _worker(args: argparse.Namespace) -> int:
+    return await serve_bundled_agents(task_queue=args.task_queue)
+
+
+async def _no_worker_polls(client: Client, task_queue: str) -> bool:
+    """Whether no worker has polled `task_queue` lately (best effort: `False` when the server cannot say)."""
+    try:
+        response = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        ))
+    except RPCError:
+        return False
+    return not response.pollers
+
+
+async def _run(args: argparse.Namespace) -> int:
+    client = await connect()
+    try:
+        handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
+                                 model=args.model)
+    except RPCError as e:
+        raise CodeModeUserError(
+            f"the server at {_address(client)} refused to start the run: {e.message}"
+        ) from e
+    # With --json, stdout carries only the result, so the progress lines go to stderr.
+    progress = sys.stderr if args.json else sys.stdout
+    _say(f"run {handle.id} started on task queue {args.task_queue!r}", out=progress)
+    if await _no_worker_polls(client, args.task_queue):
+        _err(f"warning: no worker is polling task queue {args.task_queue!r}; the run waits until one does "
+             "(start one with `codemode worker` or `python worker.py`)")
+    try:
+        result = await handle.result()
+    except WorkflowFailureError as e:
+        _err(f"run {handle.id} failed: {_failure_message(e)}")
+        return EXIT_FAILED
+    except asyncio.CancelledError:
+        _err(f"stopped waiting; run {handle.id} goes on (`temporal workflow show -w {handle.id}` shows it)")
+        raise
+    if args.json:
+        _say(TypeAdapter(RunResult).dump_json(result, indent=2).decode())
+    else:
+        _say(f"\nanswer: {result.output}\n")
+        _say(render_tree(result, width=_tree_width()))
+    return EXIT_OK
+
+
+# -- argument parsing ---------------------------------------------------------------------------------------
+
+
+def _cart_lines(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of cart lines, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"the demo cart needs at least 2 lines (its $50.00 and $50.01 "
+                                         f"boundary lines), got {value}")
+    return value
+
+
+def _agent_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the agent name must not be empty (the bundled agent is 'cart')")
+    return text
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 64535:
+        raise argparse.ArgumentTypeError(f"the port must be in 1..64535 (the UI takes port + 1000), "
+                                         f"got {value}")
+    return value
+
+
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; each subcommand sets `handler` to its coroutine function."""
+    parser = argparse.ArgumentParser(
+        prog="codemode",
+        description="Code mode for LLM agents, made durable on Temporal.",
+        epilog="Try `codemode demo`: no server, no API key and no network needed.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="run the cart agent end to end, offline, and check the result",
+                               description="Start an in-memory dev server and a worker, seed a cart in a "
+                               "temporary directory, run the cart agent, print its tree and check the cart.")
+    demo.add_argument("--lines", type=_cart_lines, default=122, help="cart lines to seed (default: 122)")
+    demo.set_defaults(handler=_demo)
+
+    dev = commands.add_parser("dev", help="a persistent dev server plus a worker for the bundled agents",
+                              description="Serve an embedded Temporal dev server and a worker for the "
+                              "bundled agents until Ctrl-C.")
+    dev.add_argument("--db", metavar="FILE",
+                     help=f"SQLite file for the server's runs (default: {DEV_SERVER_DB})")
+    dev.add_argument("--port", type=_port, default=7233, help="the server's port (default: 7233)")
+    dev.add_argument("--ui", action="store_true", help="also serve the web UI, on port + 1000")
+    dev.set_defaults(handler=_dev)
+
+    worker = commands.add_parser("worker", help="a worker for the bundled agents",
+                                 description=f"Serve the bundled agents on {_ADDRESS_ENV}; when it is unset, "
+                                 f"on an embedded dev server persisted to {DEV_SERVER_DB}.")
+    worker.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, metavar="Q",
+                        help=f"the task queue to serve (default: {DEFAULT_TASK_QUEUE})")
+    worker.set_defaults(handler=_worker)
+
+    run = commands.add_parser("run", help="start an agent run and print its result",
+                              description=f"Start a run on {_ADDRESS_ENV} (default localhost:7233), wait for "
+                              "it and print the answer and the tree of model turns, snippets and tool calls.")
+    run.add_argument("agent", type=_agent_name, help="the agent's name, e.g. cart")
+    run.add_argument("prompt", help="what to ask the agent")
+    run.add_argument("--model", help="a pydantic-ai model string for this run, e.g. openai:gpt-5")
+    run.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, metavar="Q",
+                     help=f"the workers' task queue (default: {DEFAULT_TASK_QUEUE})")
+    run.add_argument("--json", action="store_true", help="print the RunResult as JSON instead")
+    run.set_defaults(handler=_run)
+    return parser
+
+
+def run_command(command: Coroutine[Any, Any, int]) -> int:
+    """Run `command` on a fresh event loop and return its exit code, turning known errors into one line.
+
+    `CodeModeUserError` (bad configuration, no server at the address) is printed and gives `EXIT_USAGE`;
+    Ctrl-C before a command has set up its own handling gives `EXIT_INTERRUPTED`; a closed stdout pipe
+    gives `EXIT_FAILED` without a traceback; anything else is a bug: its traceback, then `EXIT_FAILED`.
+    """
+    try:
+        return asyncio.run(command)
+    except CodeModeUserError as e:
+        _err(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _err("interrupted")
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`codemode run ... | head`): nothing is left to tell it, and the final flush
+        # must not fail again, so stdout goes to /dev/null from here on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    except Exception:
+        # A bug, not a usage error: show where, but still leave through exit_process (no abort at exit).
+        traceback.print_exc()
+        _err("unexpected error (the traceback above); please report it with the command you ran")
+        return EXIT_FAILED
+
+
+def exit_process(code: int) -> NoReturn:
+    """Stop the Monty pool, flush, and leave with `os._exit(code)` (see the module docstring for why)."""
+    _pool.shutdown_pool()  # atexit would do it, but os._exit skips atexit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run_cli(argv: Sequence[str] | None = None) -> int:
+    """Run one command and return its exit code; unlike `main()`, safe to call from Python (and tests)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2, already explained by argparse)
+        return e.code if isinstance(e.code, int) else EXIT_USAGE
+    handler: Command = args.handler
+    return run_command(handler(args))
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The `codemode` entry point: run the command, then `exit_process` with its exit code."""
+    exit_process(run_cli(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""What a snippet can do and what it gets back: errors, REPL state, clock, sleep, env, limits."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+
+from durable_codemode import RunResult, SnippetLimits, start_run
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+
+from ._agents import Effects, items_agent
+
+
+async def run(client: Client, *steps: Any, effects: Effects | None = None,
+              **agent_options: Any) -> tuple[RunResult, WorkflowHandle[Any, RunResult]]:
+    name = f"agent{os.urandom(3).hex()}"
+    agent = items_agent(name, *steps, effects=effects, **agent_options)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        result = await handle.result()
+    await replay(handle)  # every completed run must replay cleanly
+    return result, handle
+
+
+def echo(messages: Any) -> str:
+    """A final answer that shows the test what the last run_code returned."""
+    return repr(last_result(messages))
+
+
+async def test_tool_error_is_catchable_with_its_type(client: Client) -> None:
+    code = """
+out = []
+for kind in ["value", "permission", "custom"]:
+    try:
+        await fail(kind=kind)
+    except ValueError as e:
+        out.append(f"ValueError:{e}")
+    except PermissionError as e:
+        out.append(f"PermissionError:{e}")
+    except RuntimeError as e:
+        out.append(f"RuntimeError:{e}")
+try:
+    await get(i=-1)
+except KeyError as e:
+    out.append(f"KeyError:{e}")
+out
+"""
+    result, _ = await run(client, RunCode(code), echo)
+    assert eval(result.output)["result"] == [
+        "ValueError:bad value", "PermissionError:nope", "RuntimeError:_CustomError: custom trouble",
+        "KeyError:'no item -1'",  # str() of a KeyError quotes its message, as in CPython
+    ]
+    assert [c.status for c in result.nested_calls] == ["error"] * 4
+
+
+async def test_uncaught_tool_error_reaches_the_model(client: Client) -> None:
+    result, _ = await run(client, RunCode("x = await get(i=2)\nprint('before', x)\nawait fail(kind='value')"), echo)
+    seen = eval(result.output)
+    assert seen["error"] == "ValueError: bad value"
+    assert "line 3" in seen["traceback"]
+    assert seen["printed"] == "before 20\n"
+
+
+async def test_repl_state_persists_and_restart_clears_it(client: Client) -> None:
+    result, _ = await run(
+        client,
+        RunCode("import math\ndef double(x):\n    return 2 * x\nbase = await get(i=4)"),
+        RunCode("double(base) + math.floor(1.5)"),
+        RunCode("base", restart=True),
+        echo,
+    )
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["ok", "ok", "rejected"]  # `base` is unknown after restart
+    assert snippets[1].result == '{"result": 81}'
+    assert "base" in result.output
+
+
+async def test_empty_result_and_printed_text(client: Client) -> None:
+    result, _ = await run(client, RunCode("x = 1"), RunCode("print('hello')"), echo)
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert snippets[0].result == "{}"
+    assert eval(result.output) == {"printed": "hello\n"}
+
+
+async def test_output_is_bounded_with_a_note(client: Client) -> None:
+    limits = SnippetLimits(max_output_bytes=2000)
+    result, _ = await run(client, RunCode("'x' * 50000"), echo, limits=limits)
+    seen = eval(result.output)
+    assert "result" not in seen
+    assert len(seen["result_truncated"]) < 2000
+    assert "2,000-byte limit" in seen["note"]
+
+
+async def test_clock_is_workflow_time_and_sleep_is_a_durable_timer(client: Client) -> None:
+    code = """
+import datetime, time, asyncio
+t0 = time.time()
+time.sleep(1)
+await asyncio.sleep(0.5)
+t1 = time.time()
+[datetime.datetime.now().isoformat(), t0, t1, datetime.date.today().isoformat()]
+"""
+    result, handle = await run(client, RunCode(code), echo)
+    now_iso, t0, t1, today = eval(result.output)["result"]
+    history = await handle.fetch_history()
+    task_times = {e.event_time.ToDatetime(tzinfo=timezone.utc).timestamp()
+                  for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED}
+    # The clock is the workflow's: the start time of the workflow task that read it.
+    assert min(abs(t0 - t) for t in task_times) < 1e-5 and min(abs(t1 - t) for t in task_times) < 1e-5
+    assert t1 - t0 >= 1.5
+    assert abs(datetime.fromisoformat(now_iso).replace(tzinfo=timezone.utc).timestamp() - t1) < 1e-5
+    assert today == datetime.fromtimestamp(t1, timezone.utc).date().isoformat()
+    timers = [e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
+              for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    assert timers == [1.0, 0.5]
+
+
+async def test_env_allowlist_files_refused_random_seeded(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CODEMODE_TEST_REGION", "eu-west")
+    monkeypatch.setenv("CODEMODE_TEST_SECRET", "hunter2")
+    code = """
+import os, random
+from pathlib import Path
+try:
+    Path('/etc/passwd').read_text()
+    files = 'read'
+except PermissionError as e:
+    files = str(e)
+[os.getenv('CODEMODE_TEST_REGION'), os.getenv('CODEMODE_TEST_SECRET'), os.getenv('HOME', 'unset'), files,
+ random.random()]
+"""
+    result, _ = await run(client, RunCode(code), echo, env_allowlist=("CODEMODE_TEST_REGION",))
+    region, secret, home, files, _rnd = eval(result.output)["result"]
+    assert (region, secret, home) == ("eu-west", None, "unset")
+    assert "no file system" in files
+
+
+async def test_syntax_error_goes_back_to_the_model_which_retries(client: Client) -> None:
+    effects = Effects()
+    result, _ = await run(client, RunCode("for i in range(3) print(i)"),
+                          lambda m: RunCode(f"# retry after: {str(last_result(m))[:40]!r}\nawait get(i=1)"),
+                          echo, effects=effects)
+    first, second = [s for t in result.turns for s in t.snippets]
+    assert first.outcome == "rejected" and "SyntaxError" in first.result or "syntax" in first.result
+    assert second.outcome == "ok"
+    assert eval(result.output) == {"result": 10}
+    assert effects.calls == [("get", 1)]
+
+
+async def test_undeclared_name_never_reaches_the_host(client: Client) -> None:
+    effects = Effects()
+    result, handle = await run(client, RunCode("await delete_everything(confirm=True)"), echo, effects=effects)
+    assert "delete_everything" in result.output and "not defined" in result.output
+    assert effects.calls == []
+    history = await handle.fetch_history()
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+                 if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert scheduled == ["durable-codemode.model_request"] * 2  # no tool activity at all
+
+
+async def test_compute_limit_continues_as_new_and_the_model_is_told(client: Client) -> None:
+    result, handle = await run(
+        client,
+        RunCode("total = await get(i=1)\nwhile True:\n    total += 1"),
+        lambda m: RunCode(f"seen = {str(last_result(m)['error'])!r}\n'total' in globals()"),
+        echo,
+    )
+    assert result.continued_as_new == 1
+    seen = [s for t in result.turns for s in t.snippets]
+    assert seen[0].outcome == "compute_limit"
+    assert "compute budget" in seen[0].result and "REPL was restarted" in seen[0].result
+    history = await (client.get_workflow_handle(handle.id, run_id=handle.first_execution_run_id)).fetch_history()
+    assert history.events[-1].event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_CONTINUED_AS_NEW
+    assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+
+
+async def test_gather_schedules_all_calls_in_one_workflow_task(client: Client) -> None:
+    code = "import asyncio\nr = await asyncio.gather(*(get(i=i) for i in range(200)))\nsum(r)"
+    result, handle = await run(client, RunCode(code), echo)
+    assert eval(result.output) == {"result": sum(i * 10 for i in range(200))}
+    history = await handle.fetch_history()
+    kinds = [e.event_type for e in history.events]
+    scheduled = [i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    assert len(scheduled) == 200 + 2  # + two model turns
+    tool_block = scheduled[1:-1]
+    assert tool_block == list(range(tool_block[0], tool_block[0] + 200))  # one contiguous batch of commands
+    ids = [history.events[i].activity_task_scheduled_event_attributes.activity_id for i in tool_block]
+    assert [i.split("-")[0] for i in ids] == [f"call_0.{n}" for n in range(200)]
+
+
+async def test_tool_call_limit(client: Client) -> None:
+    code = """
+done = 0
+for i in range(5):
+    try:
+        await get(i=i)
+        done += 1
+    except RuntimeError as e:
+        err = str(e)
+[done, err]
+"""
+    result, _ = await run(client, RunCode(code), echo, limits=SnippetLimits(max_tool_calls=3))
+    done, err = eval(result.output)["result"]
+    assert done == 3 and "tool call limit" in err

@@ -1,0 +1,165 @@
+"""The bundled shopping-cart agent: `activities.cart`'s tools behind code mode.
+
+Which model answers, in order:
+- the `model` argument of `cart_agent(...)`;
+- `CODEMODE_MODEL` (a pydantic-ai model string such as `openai:gpt-5` or `anthropic:claude-sonnet-4-5`), but
+  only when `OPENAI_API_KEY` or `ANTHROPIC_API_KEY` is set too, so a stray `CODEMODE_MODEL` on a machine with
+  no key never turns the offline demo into a failing network call;
+- otherwise `scripted_cart_model()`, which plays the model's part for the demo's one task, offline.
+
+A run can still pick any model per run with `codemode run cart "..." --model openai:gpt-5`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models import Model
+from pydantic_ai.models.function import FunctionModel
+
+from activities.cart import CartStore, CartTools
+from durable_codemode import CodeModeAgent
+from durable_codemode.testing import RunCode, last_result, scripted_model
+
+__all__ = [
+    "CART_DB_ENV",
+    "DEFAULT_CART_DB",
+    "DEMO_PROMPT",
+    "INSTRUCTIONS",
+    "MODEL_ENV",
+    "SCRIPTED_MODEL_NAME",
+    "agents",
+    "cart_agent",
+    "cart_db_path",
+    "format_cents",
+    "model_from_env",
+    "scripted_cart_model",
+]
+
+CART_DB_ENV = "CODEMODE_CART_DB"
+"""Environment variable with the cart's SQLite file; `codemode demo` points it at a temporary directory."""
+
+DEFAULT_CART_DB = Path("~/.local/share/durable-codemode/cart.sqlite")
+"""Where the cart lives when `CODEMODE_CART_DB` is unset (`~` is expanded when read)."""
+
+MODEL_ENV = "CODEMODE_MODEL"
+"""Environment variable naming the pydantic-ai model to use instead of the scripted one (needs an API key)."""
+
+_API_KEY_ENVS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+
+DEMO_PROMPT = "Remove everything in my cart that costs more than $50 a piece."
+"""The demo's task: dozens of paginated reads and single-line removals, one short program in code mode."""
+
+SCRIPTED_MODEL_NAME = "scripted-cart"
+"""The `model_name` of `scripted_cart_model()`, as runs record it."""
+
+INSTRUCTIONS = """\
+You manage the user's shopping cart with the cart tools, which you call from Python programs via run_code.
+
+- Money is integer cents: unit_price_cents=5000 is $50.00. "More than $50" means unit_price_cents > 5000; \
+"$50 or less" includes 5000. A line's cost is unit_price_cents * quantity.
+- list_cart returns one page of at most 50 lines. To see the whole cart, page through it in one program: \
+start at offset=0 and call again with next_offset until it is None. Never assume the cart fits in one page.
+- There is no bulk endpoint: remove or change lines one call at a time, all at once with \
+asyncio.gather(*(remove_line(line_id=l['line_id']) for l in lines)).
+- Do the filtering and the arithmetic in the program, with integers; return a small summary (counts and \
+cent totals), not the raw lines.
+- Only change what the user asked for. If the request is ambiguous, ask before changing anything.
+- Answer in one or two sentences: what changed (how many lines, what they cost) and what the cart holds now, \
+with money written as dollars and cents ($1,234.56).
+"""
+"""What the agent is told; written for a real model (the scripted one ignores it)."""
+
+_SCRIPTED_PROGRAM = """\
+import asyncio
+
+lines = []
+offset: int | None = 0
+while offset is not None:
+    page = await list_cart(offset=offset)
+    lines.extend(page['items'])
+    offset = page['next_offset']
+over = [l for l in lines if l['unit_price_cents'] > 5000]
+kept = [l for l in lines if l['unit_price_cents'] <= 5000]
+await asyncio.gather(*(remove_line(line_id=l['line_id']) for l in over))
+{
+    'removed': len(over),
+    'removed_cents': sum(l['unit_price_cents'] * l['quantity'] for l in over),
+    'remaining': len(kept),
+    'remaining_cents': sum(l['unit_price_cents'] * l['quantity'] for l in kept),
+}
+"""
+
+
+def format_cents(cents: int) -> str:
+    """`123456` → `$1,234.56`, with integer arithmetic so no float ever rounds a price."""
+    sign = "-" if cents < 0 else ""
+    dollars, rest = divmod(abs(cents), 100)
+    return f"{sign}${dollars:,}.{rest:02d}"
+
+
+def _answer(messages: list[ModelMessage]) -> str:
+    """The scripted model's final answer, from what its program returned (or how it failed)."""
+    seen: Any = last_result(messages)
+    if not isinstance(seen, dict):
+        # A retry prompt (the program was rejected): a real model would fix the code; the script cannot.
+        return f"I could not change your cart: my program was rejected ({seen})."
+    summary = seen.get("result")
+    if not isinstance(summary, dict):
+        return f"I could not finish changing your cart: {seen.get('error', seen)}."
+    return (
+        f"Removed {summary['removed']} lines over $50 each ({format_cents(summary['removed_cents'])}); "
+        f"{summary['remaining']} lines remain ({format_cents(summary['remaining_cents'])})."
+    )
+
+
+def scripted_cart_model() -> FunctionModel:
+    """A scripted model that plays the model's part for `DEMO_PROMPT`, so the demo and tests run offline.
+
+    It is not an agent of its own: it answers every prompt the same way, as a good model would answer the
+    demo's. Turn 1 is one `run_code` program that pages through `list_cart`, removes every line priced over
+    5000 cents concurrently and returns counts and cent totals; turn 2 is the answer, built from that result.
+    Everything else in the run is real: Temporal, the Monty sandbox, the tool activities, the SQLite store.
+    """
+    return scripted_model(RunCode(_SCRIPTED_PROGRAM), _answer, name=SCRIPTED_MODEL_NAME)
+
+
+def model_from_env() -> str | None:
+    """`CODEMODE_MODEL` when an OpenAI or Anthropic API key is set too, else `None`: the scripted model."""
+    chosen = os.environ.get(MODEL_ENV, "").strip()
+    if chosen and any(os.environ.get(key) for key in _API_KEY_ENVS):
+        return chosen
+    return None
+
+
+def cart_db_path() -> Path:
+    """The cart's SQLite file: `CODEMODE_CART_DB` if set, else `DEFAULT_CART_DB`."""
+    return Path(os.environ.get(CART_DB_ENV) or DEFAULT_CART_DB).expanduser()
+
+
+def cart_agent(store: CartStore, *, model: Model | str | None = None) -> CodeModeAgent:
+    """The cart agent over `store`.
+
+    Args:
+        store: The cart it manages; its tools read and change this SQLite file.
+        model: A pydantic-ai model or model string; `None`: `CODEMODE_MODEL` if an API key is set too,
+            else `scripted_cart_model()` (see the module docstring).
+
+    """
+    chosen: Model | str = model or model_from_env() or scripted_cart_model()
+    agent = Agent(chosen, name="cart", instructions=INSTRUCTIONS, toolsets=[CartTools(store).toolset()])
+    return CodeModeAgent(agent)
+
+
+def agents() -> list[CodeModeAgent]:
+    """The agents the bundled worker serves: the cart, over `cart_db_path()`, seeded with 122 lines if new."""
+    path = cart_db_path()
+    store = CartStore(path)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.seed(lines=122)
+    return [cart_agent(store)]
