@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -109,13 +109,13 @@ t1 = time.time()
     result, handle = await run(client, RunCode(code), echo)
     now_iso, t0, t1, today = eval(result.output)["result"]
     history = await handle.fetch_history()
-    task_times = {e.event_time.ToDatetime(tzinfo=timezone.utc).timestamp()
+    task_times = {e.event_time.ToDatetime(tzinfo=UTC).timestamp()
                   for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED}
     # The clock is the workflow's: the start time of the workflow task that read it.
     assert min(abs(t0 - t) for t in task_times) < 1e-5 and min(abs(t1 - t) for t in task_times) < 1e-5
     assert t1 - t0 >= 1.5
-    assert abs(datetime.fromisoformat(now_iso).replace(tzinfo=timezone.utc).timestamp() - t1) < 1e-5
-    assert today == datetime.fromtimestamp(t1, timezone.utc).date().isoformat()
+    assert abs(datetime.fromisoformat(now_iso).replace(tzinfo=UTC).timestamp() - t1) < 1e-5
+    assert today == datetime.fromtimestamp(t1, UTC).date().isoformat()
     timers = [e.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds()
               for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
     assert timers == [1.0, 0.5]
@@ -147,7 +147,7 @@ async def test_syntax_error_goes_back_to_the_model_which_retries(client: Client)
                           lambda m: RunCode(f"# retry after: {str(last_result(m))[:40]!r}\nawait get(i=1)"),
                           echo, effects=effects)
     first, second = [s for t in result.turns for s in t.snippets]
-    assert first.outcome == "rejected" and "SyntaxError" in first.result or "syntax" in first.result
+    assert (first.outcome == "rejected" and "SyntaxError" in first.result) or "syntax" in first.result
     assert second.outcome == "ok"
     assert eval(result.output) == {"result": 10}
     assert effects.calls == [("get", 1)]

@@ -66,6 +66,7 @@ class CodeModeActivities:
 
         Raises:
             AgentNotFoundError: no such agent is served here.
+
         """
         try:
             return self._agents[name]

@@ -50,6 +50,7 @@ class CodeModeAgent:
 
         cart = CodeModeAgent(agent, limits=SnippetLimits(max_tool_calls=200))
         ```
+
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class CodeModeAgent:
         Raises:
             CodeModeUserError: on an agent without a name, an unsupported output type, or options for a tool
                 name that does not exist (checked when the worker starts).
+
         """
         resolved = name or agent.name
         if not resolved:
@@ -222,7 +224,10 @@ class CodeModeAgent:
         """One model request with the recorded tool definitions."""
         model = self.resolve_model(override)
         params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
-        return await model.request(messages, self.agent.model_settings, params)
+        settings = self.agent.model_settings
+        if callable(settings):  # per-run settings from a function of the run context
+            settings = settings(self._run_context())
+        return await model.request(messages, settings, params)
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int) -> Any:
         """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
@@ -230,6 +235,7 @@ class CodeModeAgent:
         Raises:
             KeyError: the agent has no tool called `tool_name`.
             ValueError: the arguments do not match the tool's schema (a pydantic `ValidationError`).
+
         """
         tools = await self.tools()
         if tool_name not in tools:

@@ -35,6 +35,7 @@ async def start_run(
         model: a pydantic-ai model string overriding the agent's model for this run.
         message_history: earlier messages to continue a conversation.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
+
     """
     if not agent:
         raise ValueError("agent must be a non-empty agent name")

@@ -36,6 +36,7 @@ class ToolOptions:
         ```python
         CodeModeAgent(agent, tool_options={"charge_card": ToolOptions(timeout=timedelta(seconds=90))})
         ```
+
     """
 
     timeout: timedelta = timedelta(seconds=30)

@@ -48,6 +48,7 @@ def current_call() -> ToolCallContext:
     Raises:
         RuntimeError: outside a tool activity run by durable-codemode (e.g. a tool called directly in a
             unit test); use `durable_codemode.testing.tool_call_context(...)` to provide one there.
+
     """
     ctx = _current.get()
     if ctx is None:

@@ -23,6 +23,7 @@ def temporal_cli_path() -> str:
 
     Raises:
         CodeModeUserError: not installed; the message says how to install it.
+
     """
     beside = Path(sys.executable).parent / "temporal"
     if beside.exists():
@@ -52,6 +53,7 @@ async def start_dev_server(
         extra_args: more `start-dev` arguments, e.g. `["--dynamic-config-value", "limit.x=1"]`.
 
     Use it as `async with await start_dev_server() as env: ...`; leaving the block stops the server.
+
     """
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,

@@ -16,6 +16,7 @@ workflow run by continue-as-new in the same workflow task, so an open run never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,7 +42,7 @@ from ._results import bounded_result, preview
 from ._stubs import TYPE_CHECK_PRELUDE
 from ._types import AgentSpec, CallRecord
 
-__all__ = ["Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool"]
+__all__ = ["Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool", "close_repls"]
 
 Settled = dict[str, Any]
 """A settled Monty answer: `{'return_value': v}` or `{'exc_type': 'ValueError', 'message': m}`."""
@@ -53,8 +54,11 @@ _FILE_FUNCTIONS_MESSAGE = "run_code has no file system or network; use the tools
 
 
 class SandboxUnavailableError(RuntimeError):
-    """No sandbox process was free in time. Raised in workflow code, it fails the workflow task (not the
-    workflow), so Temporal retries the task once a process is free."""
+    """No sandbox process was free in time.
+
+    Raised in workflow code, it fails the workflow task (not the workflow), so Temporal retries the task once a
+    process is free.
+    """
 
 
 @dataclass(kw_only=True)
@@ -82,6 +86,19 @@ def _is_time_limit(error: MontyRuntimeError) -> bool:
     return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
 
 
+_open_repls: dict[str, set[Repl]] = {}
+"""Live REPLs by task queue. A worker that shuts down drops its cached workflows without evicting them (their
+`finally` blocks run only when garbage collected), so the worker closes its REPLs itself: `close_repls`."""
+
+
+def close_repls(task_queue: str) -> int:
+    """Close every live REPL of runs on `task_queue` in this process; returns how many were open."""
+    repls = list(_open_repls.pop(task_queue, ()))
+    for repl in repls:
+        repl.close()
+    return len(repls)
+
+
 class Repl:
     """The Monty session of one workflow run; variables persist across its snippets."""
 
@@ -90,6 +107,7 @@ class Repl:
         self._start_tool = start_tool
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
+        self._task_queue = workflow.info().task_queue
 
     def _checkout(self) -> pydantic_monty.MontySession:
         limits = self._spec.limits
@@ -121,6 +139,7 @@ class Repl:
                 "PoolSettings.max_processes if this keeps happening."
             ) from e
         _pool.note_checkout(+1)
+        _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
 
     def close(self) -> None:
@@ -128,10 +147,10 @@ class Repl:
         session, self._session = self._session, None
         if session is not None:
             _pool.note_checkout(-1)
-            try:
+            _open_repls.get(self._task_queue, set()).discard(self)
+            # The process may already be gone (crash, time limit); the pool replaces it.
+            with contextlib.suppress(MontyError):
                 session.__exit__(None, None, None)
-            except MontyError:
-                pass  # The process is already gone (crash, time limit); the pool replaces it.
 
     async def run(self, code: str, *, run_code_id: str, restart: bool) -> SnippetOutcome:
         """Feed one snippet and drive it to completion; never raises a `MontyError`."""

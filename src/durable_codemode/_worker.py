@@ -8,7 +8,8 @@ people who build their own `Client`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
+from ._sandbox import close_repls
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = [
@@ -82,6 +84,7 @@ class CodeModePlugin(SimplePlugin):
         ```python
         client = await Client.connect("localhost:7233", plugins=[CodeModePlugin()])
         ```
+
     """
 
     def __init__(self) -> None:
@@ -99,6 +102,7 @@ async def connect(address: str | None = None, *, namespace: str | None = None, *
 
     Raises:
         CodeModeUserError: the server cannot be reached; the message names the address and how to start one.
+
     """
     target = address or temporal_address()
     try:
@@ -134,6 +138,7 @@ def create_worker(
 
     Raises:
         CodeModeUserError: no agents, or two with one name.
+
     """
     if not agents:
         raise CodeModeUserError("create_worker needs at least one CodeModeAgent to serve")
@@ -145,11 +150,22 @@ def create_worker(
     configure_pool(pool or PoolSettings())
     activities = CodeModeActivities(agents)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
+
+    @asynccontextmanager
+    async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            close_repls(task_queue)
+
+    plugins = [*worker_options.pop("plugins", []),
+               SimplePlugin("durable-codemode-sandbox-release", run_context=release_sandboxes_on_shutdown)]
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[CodeModeRunWorkflow],
         activities=activities.all(),
         workflow_runner=workflow_runner(),
+        plugins=plugins,
         **worker_options,
     )

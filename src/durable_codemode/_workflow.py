@@ -176,8 +176,7 @@ class CodeModeRunWorkflow:
                         future.cancel()
                     messages.append(self._request(self._in_call_order(calls, parts)))
                     self._continue_as_new(input, cont, messages, note=outcome.kind)
-            for call, result in zip(direct, await asyncio.gather(*direct_results), strict=True):
-                part, record = result
+            for part, record in await asyncio.gather(*direct_results):
                 parts.append(part)
                 turn.direct_calls.append(record)
             messages.append(self._request(self._in_call_order(calls, parts)))

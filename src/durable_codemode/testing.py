@@ -1,4 +1,4 @@
-"""Helpers for testing agents: a scripted model that plays the model's part, the dev server, replay checks.
+r"""Helpers for testing agents: a scripted model that plays the model's part, the dev server, replay checks.
 
 The scripted model is the one part a test fakes: it is a pydantic-ai `FunctionModel` that answers from a
 script, so a test runs on a real Temporal server with real Monty and real tools, offline.
@@ -6,10 +6,11 @@ script, so a test runs on a real Temporal server with real Monty and real tools,
 Example:
     ```python
     model = scripted_model(
-        RunCode("page = await list_cart(offset=0)\\nlen(page['items'])"),
+        RunCode("page = await list_cart(offset=0)\nlen(page['items'])"),
         lambda messages: f"You have {last_result(messages)['result']} lines.",
     )
     ```
+
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -74,7 +75,7 @@ class CallTool:
     id: str | None = None
 
 
-Step = Union[str, RunCode, CallTool, Sequence[Union[RunCode, CallTool]], Callable[[list[ModelMessage]], "Step"]]
+Step = str | RunCode | CallTool | Sequence[RunCode | CallTool] | Callable[[list[ModelMessage]], "Step"]
 """A model turn: final text, one or more tool calls, or a function of the conversation so far returning a step."""
 
 
@@ -138,7 +139,7 @@ async def running_worker(
 
 async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
     """The histories of every run of a continue-as-new chain, first to last."""
-    client = handle._client  # noqa: SLF001 - the handle knows its client; asking again would need it passed in
+    client = handle._client
     run_id: str | None = handle.first_execution_run_id or handle.result_run_id or handle.run_id
     histories = []
     while run_id:
