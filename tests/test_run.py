@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 
 from pydantic_ai import Agent
 from temporalio.client import Client
 
 from durable_codemode import CodeModeAgent, start_run
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.testing import (
+    RunCode,
+    last_result,
+    new_task_queue,
+    replay,
+    running_worker,
+    scripted_model,
+)
 
 
 @dataclass
