@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic_ai import Agent
 
-from durable_codemode import CodeModeAgent, SnippetLimits, ToolOptions, current_call
+from durable_codemode import CodeModeAgent, SnippetLimits, ToolOptions, TransientToolError, current_call
 from durable_codemode.testing import scripted_model
 
 
@@ -29,8 +29,9 @@ class Effects:
 
 
 def items_agent(name: str, *steps: Any, effects: Effects | None = None, limits: SnippetLimits | None = None,
-                env_allowlist: tuple[str, ...] = (), **options: Any) -> CodeModeAgent:
-    """An agent with `get(i)`, `fail(kind)` and `store(key, value)` tools and a scripted model."""
+                env_allowlist: tuple[str, ...] = (), agent_options: dict[str, Any] | None = None,
+                **options: Any) -> CodeModeAgent:
+    """An agent with `get(i)`, `flaky(n)`, `fail(kind)` and `store(key, value)` tools and a scripted model."""
     fx = effects if effects is not None else Effects()
     agent = Agent(scripted_model(*steps), name=name, instructions="Use run_code.")
     data: dict[str, Any] = {}
@@ -58,8 +59,20 @@ def items_agent(name: str, *steps: Any, effects: Effects | None = None, limits: 
         data[key] = value
         return dict(data)
 
+    attempts: Counter[str] = Counter()
+
+    @agent.tool_plain
+    def flaky(n: int) -> int:
+        """Fails transiently until its n-th attempt, then returns the attempt number."""
+        call = current_call()
+        attempts[call.idempotency_key] += 1
+        fx.calls.append(("flaky", call.attempt))
+        if call.attempt < n:
+            raise TransientToolError(f"backend busy (attempt {call.attempt})")
+        return call.attempt
+
     return CodeModeAgent(agent, limits=limits, env_allowlist=env_allowlist,
-                         default_tool_options=ToolOptions(**options) if options else None)
+                         default_tool_options=ToolOptions(**options) if options else None, **(agent_options or {}))
 
 
 class _CustomError(Exception):

@@ -1,0 +1,35 @@
+"""Names recorded in histories and the public API are compatibility data: changing one breaks old runs or users."""
+
+from __future__ import annotations
+
+import durable_codemode
+from durable_codemode import _names
+
+
+def test_persisted_names_are_pinned() -> None:
+    # Every one of these is written into histories; renaming any of them makes running workflows unreplayable.
+    assert _names.WORKFLOW_TYPE == "durable-codemode.run"
+    assert _names.MODEL_REQUEST_ACTIVITY == "durable-codemode.model_request"
+    assert _names.DESCRIBE_AGENT_ACTIVITY == "durable-codemode.describe_agent"
+    assert _names.RUN_CODE_TOOL == "run_code"
+    assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
+    assert _names.nested_call_id("call_1", 7) == "call_1.7"
+    assert _names.tool_activity_id("call_1.7", "get", {"i": 3}) == "call_1.7-" + _names.call_digest("get", {"i": 3})
+
+
+def test_call_digest_is_canonical_and_sensitive() -> None:
+    digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
+    assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order
+    assert digest == "2552a97831"  # the same on every worker, whatever PYTHONHASHSEED says
+    assert digest != _names.call_digest("get", {"ids": {3, 1}, "b": 1, "a": [1, 2]})
+    assert digest != _names.call_digest("list", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
+
+
+def test_public_api() -> None:
+    assert sorted(durable_codemode.__all__) == sorted(
+        name for name in dir(durable_codemode) if not name.startswith("_") and name not in {
+            "annotations", "testing", "cli",
+        } and not isinstance(getattr(durable_codemode, name), type(durable_codemode))
+    )
+    for name in durable_codemode.__all__:
+        assert getattr(durable_codemode, name) is not None
