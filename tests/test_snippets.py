@@ -208,3 +208,17 @@ for i in range(5):
     result, _ = await run(client, RunCode(code), echo, limits=SnippetLimits(max_tool_calls=3))
     done, err = eval(result.output)["result"]
     assert done == 3 and "tool call limit" in err
+
+
+async def test_snippet_cap_continues_as_new_and_tells_the_model(client: Client) -> None:
+    def notes(messages: Any) -> RunCode:
+        seen = [p.content for p in messages[-1].parts if getattr(p, "part_kind", "") == "user-prompt"]
+        return RunCode(repr(seen))
+
+    result, _ = await run(client, RunCode("a = 1"), RunCode("a + 1"), notes, RunCode("a"), echo,
+                          limits=SnippetLimits(max_snippets_per_run=2))
+    assert result.continued_as_new == 2  # after snippets 2 and 4, each at the next model turn
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["ok", "ok", "ok", "rejected"]  # `a` is gone in the new run
+    assert "REPL was restarted" in snippets[2].result
+    assert "`a` used when not defined" in result.output

@@ -60,6 +60,10 @@ _MODEL_TIMEOUT = timedelta(minutes=5)
 _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
+_REPL_RESTARTED_NOTE = (
+    "[durable-codemode] This long run continued in a fresh workflow run: the run_code REPL was restarted, so "
+    "variables, imports and functions from earlier run_code calls are gone. Everything the tools did still holds."
+)
 
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
@@ -273,6 +277,13 @@ class CodeModeRunWorkflow:
     def _continue_as_new(
         input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None
     ) -> None:
+        last = messages[-1]
+        if note is None and cont.spec.code_mode and isinstance(last, ModelRequest):
+            # A boundary continue-as-new (snippet cap, Temporal's suggestion) starts a fresh REPL; say so, or the
+            # model's next program would trip over variables that are gone.
+            messages = [*messages[:-1], ModelRequest(
+                parts=[*last.parts, UserPromptPart(_REPL_RESTARTED_NOTE, timestamp=workflow.now())],
+                instructions=last.instructions, timestamp=last.timestamp)]
         workflow.continue_as_new(RunInput(
             agent=input.agent,
             message_history=messages,
