@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,13 @@ def items_agent(name: str, *steps: Any, effects: Effects | None = None, limits: 
         fx.record("store", (key, value))
         data[key] = value
         return dict(data)
+
+    @agent.tool_plain
+    async def slow(seconds: float) -> str:
+        """Answer after `seconds`."""
+        fx.record("slow", seconds)
+        await asyncio.sleep(seconds)
+        return "slow done"
 
     attempts: Counter[str] = Counter()
 

@@ -222,3 +222,14 @@ async def test_snippet_cap_continues_as_new_and_tells_the_model(client: Client) 
     assert [s.outcome for s in snippets] == ["ok", "ok", "ok", "rejected"]  # `a` is gone in the new run
     assert "REPL was restarted" in snippets[2].result
     assert "`a` used when not defined" in result.output
+
+
+async def test_calls_cut_short_by_an_exception_are_recorded_as_cancelled(client: Client) -> None:
+    code = "import asyncio\nawait asyncio.gather(slow(seconds=3), fail(kind='value'), get(i=1))"
+    result, _ = await run(client, RunCode(code), echo)
+    assert eval(result.output)["error"] == "ValueError: bad value"
+    calls = result.nested_calls
+    assert [c.call_id for c in calls] == ["call_0.0", "call_0.1", "call_0.2"]  # in call order
+    assert [c.tool for c in calls] == ["slow", "fail", "get"]
+    assert calls[0].status == "cancelled" and "may still have run" in calls[0].result
+    assert calls[1].status == "error"

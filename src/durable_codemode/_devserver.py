@@ -6,6 +6,7 @@ No download and no network: `temporal server start-dev` runs from the binary pip
 from __future__ import annotations
 
 import shutil
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +36,17 @@ def temporal_cli_path() -> str:
                             "durable-codemode) puts it next to your Python, or set TEMPORAL_ADDRESS to a server")
 
 
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # Like the server's own listener: connections of a just-stopped server (TIME_WAIT) do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
 async def start_dev_server(
     *,
     db_file: str | Path | None = None,
@@ -54,7 +66,18 @@ async def start_dev_server(
 
     Use it as `async with await start_dev_server() as env: ...`; leaving the block stops the server.
 
+    Raises:
+        CodeModeUserError: the Temporal CLI is missing, or `port` / `ui_port` is already in use.
+
     """
+    for what, number in (("port", port), ("UI port", ui_port or (port + 1000 if ui and port else None))):
+        # The dev server's start-up check only connects to the port: on a busy port it would quietly hand back a
+        # client of whatever server already listens there, and runs would land in the wrong place.
+        if number is not None and _port_in_use(number):
+            raise CodeModeUserError(
+                f"{what} {number} on 127.0.0.1 is in use (another Temporal server?): stop it, pick another port, "
+                f"or use that server by setting TEMPORAL_ADDRESS=127.0.0.1:{number}"
+            )
     return await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=temporal_cli_path(),

@@ -179,6 +179,8 @@ class _SnippetDriver:
         self._code = code
         self._run_code_id = run_code_id
         self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
+        self._started: dict[int, CallRecord] = {}
+        """Tool calls in flight, by Monty call id: what their record says if the program ends before they do."""
         self._calls: list[CallRecord] = []
         self._n = 0
         self._streams = CollectStreams(max_bytes=spec.limits.max_output_bytes + 1)
@@ -266,8 +268,14 @@ class _SnippetDriver:
             })
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
-        future = asyncio.ensure_future(self._start_tool(name, dict(snap.kwargs), call_id))
+        kwargs = dict(snap.kwargs)
+        future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id))
         self._pending[snap.call_id] = future  # type: ignore[assignment]
+        now = workflow.now()
+        self._started[snap.call_id] = CallRecord(
+            call_id=call_id, tool=name, args=preview(kwargs), status="cancelled",
+            result="the program ended before this call finished; the tool may still have run",
+            started_at=now, finished_at=now)
         return snap.resume({"future": ...})
 
     async def _answer_os_call(self, snap: FunctionSnapshot) -> Any:
@@ -316,6 +324,7 @@ class _SnippetDriver:
             future = self._pending[i]
             if future.done():
                 del self._pending[i]
+                self._started.pop(i, None)
                 settled, record = future.result()
                 if record is not None:
                     self._calls.append(record)
@@ -323,9 +332,16 @@ class _SnippetDriver:
         return answers
 
     def _cancel_pending(self) -> None:
-        # Calls still running when the program ends (e.g. a gather that raised) are cancelled; their
-        # records say so.
-        for future in self._pending.values():
-            future.cancel()
+        # Calls still running when the program ends (e.g. a gather that raised) are cancelled, and recorded
+        # as such; then the records are put in call order (they were appended in completion order).
+        for i, future in self._pending.items():
+            record = self._started.pop(i, None)
+            if future.done() and not future.cancelled():
+                record = future.result()[1] or record
+            else:
+                future.cancel()
+            if record is not None:
+                self._calls.append(record)
         self._pending.clear()
+        self._calls.sort(key=lambda r: int(r.call_id.rsplit(".", 1)[1]))
 

@@ -112,7 +112,7 @@ async def connect(address: str | None = None, *, namespace: str | None = None, *
             data_converter=pydantic_data_converter,
             **kwargs,
         )
-    except RuntimeError as e:
+    except (RuntimeError, ValueError) as e:  # unreachable / refused, or a malformed address
         raise CodeModeUserError(
             f"cannot reach a Temporal server at {target} ({e}). Start one with `codemode dev` (embedded dev "
             "server and worker), or set TEMPORAL_ADDRESS to your server's host:port."

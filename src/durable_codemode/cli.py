@@ -22,7 +22,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -96,8 +95,8 @@ def _address(client: Client) -> str:
 
 
 def _bundled_agents() -> list[CodeModeAgent]:
-    # Imported here, not at module level: `codemode run` needs neither the apps nor their stores, and a
-    # library user importing `durable_codemode.cli` should not need the bundled apps to be importable.
+    # Imported here, not at module level: `codemode run` needs neither the apps nor their stores (creating
+    # the cart agent seeds a database), and the library stays importable without the bundled apps.
     from workflows import cart
 
     return cart.agents()
@@ -131,15 +130,6 @@ def _failure_message(error: BaseException) -> str:
         told = [str(chain[-1]) or type(chain[-1]).__name__]
     unique = list(dict.fromkeys(m.strip().rstrip(".") for m in told))
     return ": ".join(unique)
-
-
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 # -- serving ------------------------------------------------------------------------------------------------
@@ -178,14 +168,6 @@ async def _embedded_server(
 ) -> AsyncIterator[Client]:
     db_file = db_file.expanduser()
     db_file.parent.mkdir(parents=True, exist_ok=True)
-    for what, number in (("port", port), ("UI port", port + 1000 if ui and port else None)):
-        # The dev server's start-up check only connects to the port: on a busy port it would quietly hand back
-        # a client of whatever server already listens there, and runs would land in the wrong place.
-        if number is not None and _port_in_use(number):
-            raise CodeModeUserError(
-                f"{what} {number} on 127.0.0.1 is in use (another Temporal server?): stop it, pass another "
-                f"--port, or serve that server with `{_ADDRESS_ENV}=127.0.0.1:{number} codemode worker`"
-            )
     async with await start_dev_server(db_file=db_file, port=port, ui=ui) as env:
         yield env.client
 
@@ -219,57 +201,72 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from activities.cart import CartStore, check_removed_over, over_threshold
     from workflows import cart
 
     started = time.monotonic()
+    saved_db_env = os.environ.get(cart.CART_DB_ENV)
     with tempfile.TemporaryDirectory(prefix="codemode-demo-") as tmp:
         db = Path(tmp) / "cart.sqlite"
+        # For anything in this process that looks the cart up by name; restored when the demo ends.
         os.environ[cart.CART_DB_ENV] = str(db)
-        store = CartStore(db)
-        store.seed(lines=args.lines)
-        before = store.all_lines()
-        over = over_threshold(before)
-        agent = cart.cart_agent(store)
-        _say("durable-codemode demo: the cart agent on an embedded Temporal dev server (in memory)")
-        _say(f"  cart    {db} ({len(before)} lines, {len(over)} over $50, pages of 50)")
-        _say(f"  model   {_model_label(agent)}")
-        _say(f"  prompt  {cart.DEMO_PROMPT}")
-        async with await start_dev_server() as env:
-            client = env.client
-            task_queue = f"demo-{uuid.uuid4().hex[:10]}"
-            _say(f"  server  {_address(client)}, task queue {task_queue}")
-            async with create_worker(client, [agent], task_queue=task_queue):
-                handle = await start_run(client, agent.name, cart.DEMO_PROMPT, task_queue=task_queue)
-                _say(f"run {handle.id} started")
-                run_started = time.monotonic()
-                try:
-                    result = await handle.result()
-                except WorkflowFailureError as e:
-                    _err(f"run {handle.id} failed: {_failure_message(e)}")
-                    return EXIT_FAILED
-                run_seconds = time.monotonic() - run_started
-        _say(f"\nanswer: {result.output}\n")
-        _say(render_tree(result, width=_tree_width()))
-        problems = check_removed_over(store, before)
-        duplicates = store.duplicate_effects()
-        if duplicates:
-            problems.append(f"{duplicates} tool calls ran their side effect more than once")
-        _say()
-        if problems:
-            _say(f"end state: {len(problems)} problems")
-            for problem in problems:
-                _say(f"  - {problem}")
-        else:
-            removed = store.execution_count("remove_line")
-            _say(f"end state: correct ({len(over)} lines over $50 removed, {len(before) - len(over)} kept, "
-                 f"{removed} removals, none repeated)")
-        usage = result.usage
-        _say(f"time: {run_seconds:.2f} s for the run, {time.monotonic() - started:.2f} s in all "
-             "(with server start and stop)")
-        _say(f"usage: {usage.requests} model requests, {usage.input_tokens} input tokens, "
-             f"{usage.output_tokens} output tokens")
-        return EXIT_FAILED if problems else EXIT_OK
+        try:
+            return await _demo_with_cart(db, args.lines, started)
+        finally:
+            if saved_db_env is None:
+                os.environ.pop(cart.CART_DB_ENV, None)
+            else:
+                os.environ[cart.CART_DB_ENV] = saved_db_env
+
+
+async def _demo_with_cart(db: Path, lines: int, started: float) -> int:
+    """The demo proper; `started` is when the command began, for the wall time it reports."""
+    from activities.cart import PAGE_SIZE, CartStore, check_removed_over, over_threshold
+    from workflows import cart
+
+    store = CartStore(db)
+    store.seed(lines=lines)
+    before = store.all_lines()
+    over = over_threshold(before)
+    agent = cart.cart_agent(store)
+    _say("durable-codemode demo: the cart agent on an embedded Temporal dev server (in memory)")
+    _say(f"  cart    {db} ({len(before)} lines, {len(over)} over $50, pages of {PAGE_SIZE})")
+    _say(f"  model   {_model_label(agent)}")
+    _say(f"  prompt  {cart.DEMO_PROMPT}")
+    async with await start_dev_server() as env:
+        client = env.client
+        task_queue = f"demo-{uuid.uuid4().hex[:10]}"
+        _say(f"  server  {_address(client)}, task queue {task_queue}")
+        async with create_worker(client, [agent], task_queue=task_queue):
+            handle = await start_run(client, agent.name, cart.DEMO_PROMPT, task_queue=task_queue)
+            _say(f"run {handle.id} started")
+            run_started = time.monotonic()
+            try:
+                result = await handle.result()
+            except WorkflowFailureError as e:
+                _err(f"run {handle.id} failed: {_failure_message(e)}")
+                return EXIT_FAILED
+            run_seconds = time.monotonic() - run_started
+    _say(f"\nanswer: {result.output}\n")
+    _say(render_tree(result, width=_tree_width()))
+    problems = check_removed_over(store, before)
+    duplicates = store.duplicate_effects()
+    if duplicates:
+        problems.append(f"{duplicates} tool calls ran their side effect more than once")
+    _say()
+    if problems:
+        _say(f"end state: {len(problems)} problems")
+        for problem in problems:
+            _say(f"  - {problem}")
+    else:
+        removed = store.execution_count("remove_line")
+        _say(f"end state: correct ({len(over)} lines over $50 removed, {len(before) - len(over)} kept, "
+             f"{removed} removals, none repeated)")
+    usage = result.usage
+    _say(f"time: {run_seconds:.2f} s for the run, {time.monotonic() - started:.2f} s in all "
+         "(with server start and stop)")
+    _say(f"usage: {usage.requests} model requests, {usage.input_tokens} input tokens, "
+         f"{usage.output_tokens} output tokens")
+    return EXIT_FAILED if problems else EXIT_OK
 
 
 async def _dev(args: argparse.Namespace) -> int:
