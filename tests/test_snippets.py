@@ -233,3 +233,65 @@ async def test_calls_cut_short_by_an_exception_are_recorded_as_cancelled(client:
     assert [c.tool for c in calls] == ["slow", "fail", "get"]
     assert calls[0].status == "cancelled" and "may still have run" in calls[0].result
     assert calls[1].status == "error"
+
+
+def _kill_sandbox_processes() -> int:
+    """SIGKILL this process's `monty` sandbox workers (what an OOM killer or a segfault would do)."""
+    import signal
+    from pathlib import Path
+
+    killed = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and b"monty" in cmd:
+            os.kill(int(proc.name), signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: Client) -> None:
+    from pydantic_ai import Agent
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.worker import Replayer
+    from temporalio.workflow import NondeterminismError
+
+    from durable_codemode import CodeModeAgent, CodeModeRunWorkflow
+    from durable_codemode._worker import workflow_runner
+    from durable_codemode.testing import fetch_chain_histories, scripted_model
+
+    agent = Agent(scripted_model(
+        RunCode("x = 1\nawait crash()\n'unreachable'"),
+        lambda m: RunCode(f"seen = {last_result(m)['error']!r}\n[seen, 2 + 2]"),
+        echo,
+    ), name="crashy")
+
+    @agent.tool_plain
+    def crash() -> int:
+        """Kill the sandbox process running the program."""
+        return _kill_sandbox_processes()
+
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
+        handle = await start_run(client, "crashy", "go", task_queue=tq)
+        result = await handle.result()
+    # A crash is the one outcome a replay cannot reproduce (the tool that killed the sandbox does not run again),
+    # which is why the run that crashed ended in that same workflow task: the open run never replays it. The run
+    # that continued replays cleanly; the crashed one is reported as a divergence at its continue-as-new.
+    first, last = await fetch_chain_histories(handle)
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=pydantic_data_converter,
+                        workflow_runner=workflow_runner())
+    await replayer.replay_workflow(last)
+    with pytest.raises(NondeterminismError, match="ContinuedAsNew"):
+        await replayer.replay_workflow(first)
+    assert result.continued_as_new == 1
+    seen, four = eval(result.output)["result"]
+    assert four == 4
+    assert "sandbox process stopped" in seen and "REPL was restarted" in seen
+    assert [s.outcome for t in result.turns for s in t.snippets] == ["sandbox_crashed", "ok"]
