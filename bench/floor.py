@@ -21,9 +21,10 @@ this file.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
@@ -71,7 +72,7 @@ async def floor_get(i: int) -> int:
     return i
 
 
-FLOOR_ACTIVITIES = [floor_describe, floor_model, floor_get]
+FLOOR_ACTIVITIES: list[Callable[..., Any]] = [floor_describe, floor_model, floor_get]
 
 
 @workflow.defn(name="bench.floor")

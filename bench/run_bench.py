@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.floor`
 from pydantic_ai import Agent
 from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 
 from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, create_worker, start_dev_server, start_run
+from durable_codemode._converter import DATA_CONVERTER as pydantic_data_converter
 from durable_codemode._pool import shutdown_pool
 from durable_codemode._worker import workflow_runner
 from durable_codemode.testing import RunCode, last_result, scripted_model
@@ -61,7 +61,7 @@ def snippet(kind: Kind, n: int) -> str:
 def make_agent(kind: Kind, n: int) -> CodeModeAgent:
     """An agent whose scripted model makes one `run_code` call, then answers with the snippet's result."""
     model = scripted_model(RunCode(snippet(kind, n)), lambda m: str(last_result(m)["result"]))
-    agent = Agent(model, name=f"bench-{kind}-{n}", instructions="Use run_code.")  # type: ignore[call-overload]
+    agent = Agent(model, name=f"bench-{kind}-{n}", instructions="Use run_code.")
 
     @agent.tool_plain
     async def get(i: int) -> int:
@@ -141,6 +141,13 @@ def median(rows: Sequence[Row], side: Side, scenario: str, attr: str) -> float:
     return statistics.median(values)
 
 
+def paired_ratio(rows: Sequence[Row], scenario: str) -> float:
+    """Median over repetitions of code mode / floor wall time, each pair run back to back."""
+    walls: dict[tuple[int, str], float] = {(r.rep, r.side): r.wall_s for r in rows if r.scenario == scenario}
+    reps = sorted({rep for rep, _ in walls})
+    return statistics.median(walls[(rep, "codemode")] / walls[(rep, "floor")] for rep in reps)
+
+
 def machine() -> str:
     def version(dist: str) -> str:
         try:
@@ -165,7 +172,7 @@ def machine() -> str:
 
 
 def fmt_s(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def verdict(ok: bool) -> str:
@@ -188,7 +195,7 @@ def table(rows: Sequence[Row], scenarios: Sequence[tuple[Kind, int]], reps: int)
             return median(rows, side, sc, attr)
 
         wall_cm, wall_fl = m("codemode", "wall_s"), m("floor", "wall_s")
-        ratio = wall_cm / wall_fl
+        ratio = paired_ratio(rows, sc)
         b_cm, b_fl = m("codemode", "history_proto_bytes"), m("floor", "history_proto_bytes")
         overhead = (b_cm - b_fl) / n
         marginal = "—"
@@ -231,17 +238,24 @@ def table(rows: Sequence[Row], scenarios: Sequence[tuple[Kind, int]], reps: int)
         out.append(f"targets: {sum(verdicts)}/{len(verdicts)} PASS" + (f", {failed} FAIL" if failed else ""))
     else:
         out.append(f"targets: not evaluated (they apply to N={TARGET_N})")
-    out.append(f"medians of {reps} repetition(s); history B = serialized protobuf bytes of the history "
-               "(fetch_history); overhead = (B cm - B floor) / N; marginal = the same per extra call vs the "
-               "smallest N")
+    out.append(f"medians of {reps} repetition(s); cm/floor = median of the per-repetition ratios; history B = "
+               "serialized protobuf bytes (fetch_history); overhead = (B cm - B floor) / N; marginal = the same "
+               "per extra call beyond the smallest N")
     return "\n".join(out), verdicts
 
 
 async def run(args: argparse.Namespace) -> int:
+    def log(text: str) -> None:
+        if args.verbose:
+            print(text, file=sys.stderr, flush=True)
+
     ns: list[int] = sorted(set(args.n))
     kinds: list[Kind] = ["gather", "sequential"]
     scenarios = [(k, n) for k in kinds for n in ns]
-    print(machine(), flush=True)
+    machine_text = machine()
+    print(machine_text, flush=True)
+    if args.dynamic_config:
+        print(f"dev server dynamic config: {', '.join(args.dynamic_config)}", flush=True)
     agents = [make_agent(k, n) for k, n in scenarios]
     # The dev server prints a banner on its stdout, which it inherits: give it stderr (or nothing), so that
     # stdout carries only the machine line and the table.
@@ -249,7 +263,8 @@ async def run(args: argparse.Namespace) -> int:
     sink = os.open(os.devnull, os.O_WRONLY) if not args.verbose else os.dup(2)
     try:
         os.dup2(sink, 1)
-        env = await start_dev_server()
+        env = await start_dev_server(extra_args=[a for kv in args.dynamic_config for a in
+                                                 ("--dynamic-config-value", kv)])
     finally:
         os.dup2(saved_stdout, 1)
         os.close(saved_stdout)
@@ -261,16 +276,12 @@ async def run(args: argparse.Namespace) -> int:
                               activities=FLOOR_ACTIVITIES)
         async with cm_worker, floor_worker:
             bench = Bench(client)
-            def log(text: str) -> None:
-                if args.verbose:
-                    print(text, file=sys.stderr, flush=True)
-
             # Warm-up: one unmeasured run of each kind at the smallest N on both sides (imports, the sandbox
             # pool, pollers, the replayers).
+            warm_sides: list[Side] = ["codemode", "floor"]
             for kind in kinds:
-                for side in ("codemode", "floor"):
-                    n = ns[0]
-                    row = await bench.measure(side, kind, n, -1)  # type: ignore[arg-type]
+                for side in warm_sides:
+                    row = await bench.measure(side, kind, ns[0], -1)
                     log(f"warm-up {row.scenario} {side}: {row.wall_s:.3f} s")
             rows: list[Row] = []
             for rep in range(args.reps):
@@ -287,7 +298,10 @@ async def run(args: argparse.Namespace) -> int:
     text, verdicts = table(rows, scenarios, args.reps)
     print(text, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps([asdict(r) for r in rows], indent=1))
+        Path(args.json).write_text(json.dumps({
+            "machine": machine_text, "n": ns, "reps": args.reps, "dynamic_config": args.dynamic_config,
+            "rows": [asdict(r) for r in rows],
+        }, indent=1))
     return 1 if args.check and not all(verdicts) else 0
 
 
@@ -297,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=5, help="measured repetitions per scenario (median)")
     parser.add_argument("--json", metavar="FILE", help="write the raw rows (every repetition) as JSON")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target fails")
+    parser.add_argument("--dynamic-config", metavar="KEY=VALUE", action="append", default=[],
+                        help="a dev-server dynamic config value, e.g. "
+                        "history.transferProcessorMaxPollRPS=1000 (repeatable; default: none)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every run to stderr")
     args = parser.parse_args(argv)
     if args.reps < 1 or min(args.n) < 1:

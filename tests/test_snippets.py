@@ -258,11 +258,11 @@ def _kill_sandbox_processes() -> int:
 
 async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: Client) -> None:
     from pydantic_ai import Agent
-    from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.worker import Replayer
     from temporalio.workflow import NondeterminismError
 
     from durable_codemode import CodeModeAgent, CodeModeRunWorkflow
+    from durable_codemode._converter import DATA_CONVERTER as pydantic_data_converter
     from durable_codemode._worker import workflow_runner
     from durable_codemode.testing import fetch_chain_histories, scripted_model
 

@@ -8,6 +8,7 @@ from ._agent import CodeModeAgent, ToolSelector
 from ._client import run_agent, start_run
 from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
 from ._context import ToolCallContext, current_call
+from ._converter import DATA_CONVERTER
 from ._devserver import start_dev_server, temporal_cli_path
 from ._errors import AgentNotFoundError, CodeModeError, CodeModeUserError, TransientToolError
 from ._pool import PoolSettings
@@ -16,6 +17,7 @@ from ._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = [
+    "DATA_CONVERTER",
     "DEFAULT_TASK_QUEUE",
     "DEFAULT_TOOL_RETRY_POLICY",
     "AgentNotFoundError",

@@ -14,13 +14,12 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
+from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
 from ._sandbox import close_repls
@@ -38,47 +37,27 @@ __all__ = [
 DEFAULT_TASK_QUEUE = "durable-codemode"
 """The task queue runs go to unless told otherwise (also the bundled worker's)."""
 
-_PASSTHROUGH = (
-    # Our own workflow-side code is deterministic by review (and a lint test); passing it through keeps one
-    # Monty pool per worker process instead of one per workflow sandbox.
-    "durable_codemode",
-    # The sandbox driver: a native extension whose pool is process-wide; a lazy import inside workflow code
-    # fails and the task retries forever.
-    "pydantic_monty",
-    # Message and tool-definition types decoded in workflow code; pure data, re-importing them per run costs
-    # hundreds of milliseconds.
-    "pydantic_ai",
-    "pydantic_graph",
-    "pydantic",
-    "pydantic_core",
-    "annotated_types",
-    "typing_inspection",
-    # pydantic_ai imports these at module import time (HTTP clients for providers, its async backend).
-    "httpx",
-    "httpcore",
-    "anyio",
-    "sniffio",
-    "opentelemetry",
-    "logfire_api",
-    "genai_prices",
-    "griffe",
-)
-
-
 def temporal_address() -> str:
     """`TEMPORAL_ADDRESS` from the environment, else `localhost:7233`."""
     return os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
 
 
-def workflow_runner() -> SandboxedWorkflowRunner:
-    """Temporal's workflow sandbox, with the modules the run's workflow code needs passed through."""
-    return SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules(*_PASSTHROUGH)
-    )
+def workflow_runner() -> WorkflowRunner:
+    """The runner of the run workflow: Temporal's unsandboxed runner.
+
+    Temporal's sandbox re-imports a workflow's modules per run and intercepts non-deterministic calls, but it
+    can protect nothing here: the run workflow's modules must be passed through the sandbox anyway (one Monty
+    pool per process, and pydantic-ai's types), and passed-through code is neither re-imported nor intercepted.
+    What the sandbox still cost was measured: ~11 sandbox crossings per nested call, so gather-200 ran 1.25x the
+    floor and replayed in 350 ms sandboxed, against 0.94x and 141 ms unsandboxed. Determinism of the workflow-side
+    modules is enforced instead by review and `tests/test_determinism_lint.py`. Pass `workflow_runner=` to
+    `create_worker` to choose another runner.
+    """
+    return UnsandboxedWorkflowRunner()
 
 
 class CodeModePlugin(SimplePlugin):
-    """Sets the data converter on a `Client` (and the sandbox on a `Worker`) for durable-codemode runs.
+    """Sets the data converter on a `Client` (or a `Worker`) for durable-codemode runs.
 
     Example:
         ```python
@@ -88,8 +67,7 @@ class CodeModePlugin(SimplePlugin):
     """
 
     def __init__(self) -> None:
-        super().__init__("durable-codemode", data_converter=pydantic_data_converter,
-                         workflow_runner=workflow_runner())
+        super().__init__("durable-codemode", data_converter=DATA_CONVERTER)
 
 
 async def connect(address: str | None = None, *, namespace: str | None = None, **kwargs: Any) -> Client:
@@ -109,7 +87,7 @@ async def connect(address: str | None = None, *, namespace: str | None = None, *
         return await Client.connect(
             target,
             namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-            data_converter=pydantic_data_converter,
+            data_converter=DATA_CONVERTER,
             **kwargs,
         )
     except (RuntimeError, ValueError) as e:  # unreachable / refused, or a malformed address
@@ -142,7 +120,7 @@ def create_worker(
     """
     if not agents:
         raise CodeModeUserError("create_worker needs at least one CodeModeAgent to serve")
-    if client.data_converter.payload_converter_class is not pydantic_data_converter.payload_converter_class:
+    if not is_compatible(client.data_converter):
         raise CodeModeUserError(
             "the client does not use the pydantic data converter; create it with durable_codemode.connect() "
             "or Client.connect(..., plugins=[CodeModePlugin()])"
@@ -150,6 +128,7 @@ def create_worker(
     configure_pool(pool or PoolSettings())
     activities = CodeModeActivities(agents)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
+    worker_options.setdefault("workflow_runner", workflow_runner())
 
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
@@ -165,7 +144,6 @@ def create_worker(
         task_queue=task_queue,
         workflows=[CodeModeRunWorkflow],
         activities=activities.all(),
-        workflow_runner=workflow_runner(),
         plugins=plugins,
         **worker_options,
     )

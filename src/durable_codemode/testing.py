@@ -31,11 +31,11 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
 from ._agent import CodeModeAgent
 from ._context import ToolCallContext, bind_call
+from ._converter import DATA_CONVERTER
 from ._devserver import start_dev_server
 from ._names import RUN_CODE_TOOL
 from ._worker import create_worker, workflow_runner
@@ -153,7 +153,7 @@ async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
 
 async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]:
     """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=pydantic_data_converter,
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
                         workflow_runner=workflow_runner())
     results = []
     for history in await fetch_chain_histories(handle):
