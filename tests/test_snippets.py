@@ -295,3 +295,46 @@ async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: 
     assert four == 4
     assert "sandbox process stopped" in seen and "REPL was restarted" in seen
     assert [s.outcome for t in result.turns for s in t.snippets] == ["sandbox_crashed", "ok"]
+
+
+async def test_memory_and_recursion_limits_are_clear_errors(client: Client) -> None:
+    limits = SnippetLimits(max_memory_bytes=16 * 1024 * 1024, max_recursion_depth=50)
+    result, _ = await run(
+        client,
+        RunCode("x = 'a' * (64 * 1024 * 1024)\nlen(x)"),
+        lambda m: RunCode(f"first = {last_result(m)['error']!r}\ndef f(n):\n    return f(n + 1)\nf(0)"),
+        echo, limits=limits,
+    )
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["error", "error"]
+    assert "MemoryError" in snippets[0].result
+    assert "RecursionError" in eval(result.output)["error"]
+
+
+async def test_tool_metadata_keeps_a_tool_native(client: Client) -> None:
+    from pydantic_ai import Agent
+
+    from durable_codemode import CodeModeAgent
+    from durable_codemode.testing import CallTool, scripted_model
+
+    agent = Agent(scripted_model([CallTool("ping", {}), RunCode("await pong()")],
+                                 lambda m: repr([last_result(m, 0), last_result(m, 1)])), name="meta")
+
+    @agent.tool_plain(metadata={"codemode": {"in_sandbox": False}})
+    def ping() -> str:
+        """Native: the model calls it directly."""
+        return "ping!"
+
+    @agent.tool_plain
+    def pong() -> str:
+        """In the sandbox."""
+        return "pong!"
+
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
+        handle = await start_run(client, "meta", "go", task_queue=tq)
+        result = await handle.result()
+    await replay(handle)
+    assert eval(result.output) == ["ping!", {"result": "pong!"}]
+    assert [c.tool for c in result.direct_calls] == ["ping"]
+    assert [c.tool for c in result.nested_calls] == ["pong"]
