@@ -5,7 +5,8 @@ code and replay deterministically; every tool call a program makes is a recorded
 """
 
 from ._agent import CodeModeAgent, ToolSelector
-from ._client import run_agent, start_run
+from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
+from ._client import decide, decide_all, pending_approvals, run_agent, start_run
 from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
 from ._context import ToolCallContext, current_call
 from ._converter import DATA_CONVERTER
@@ -22,12 +23,16 @@ __all__ = [
     "DEFAULT_TOOL_RETRY_POLICY",
     "AgentNotFoundError",
     "AgentSpec",
+    "ApprovalDecision",
+    "ApprovalRecord",
+    "BatchDecision",
     "CallRecord",
     "CodeModeAgent",
     "CodeModeError",
     "CodeModePlugin",
     "CodeModeRunWorkflow",
     "CodeModeUserError",
+    "PendingApproval",
     "PoolSettings",
     "RunInput",
     "RunResult",
@@ -42,6 +47,9 @@ __all__ = [
     "connect",
     "create_worker",
     "current_call",
+    "decide",
+    "decide_all",
+    "pending_approvals",
     "run_agent",
     "start_dev_server",
     "start_run",

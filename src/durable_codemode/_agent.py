@@ -195,7 +195,9 @@ class CodeModeAgent:
             (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
             specs.append(ToolSpec(name=tool_name, activity_type=tool_activity_type(self.name, tool_name),
                                   in_sandbox=in_sandbox, timeout=options.timeout,
-                                  retry_policy=options.retry_policy, local=options.local))
+                                  retry_policy=options.retry_policy, local=options.local,
+                                  requires_approval=options.requires_approval or tool.tool_def.kind == "unapproved",
+                                  approval_timeout=options.approval_timeout))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
         model = self.agent.model

@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from pydantic_ai.messages import ModelMessage
 from temporalio.client import Client, WorkflowHandle
 
+from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
 from ._types import RunInput, RunResult
 from ._worker import DEFAULT_TASK_QUEUE
 from ._workflow import CodeModeRunWorkflow
 
-__all__ = ["run_agent", "start_run"]
+__all__ = ["decide", "decide_all", "pending_approvals", "run_agent", "start_run"]
 
 
 async def start_run(
@@ -62,3 +63,40 @@ async def run_agent(
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, run_id=run_id)
     return await handle.result()
+
+
+def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, RunResult]:
+    return client.get_workflow_handle_for(CodeModeRunWorkflow.run, run_id)
+
+
+async def pending_approvals(client: Client, run_id: str) -> list[PendingApproval]:
+    """The calls of run `run_id` waiting for a decision (a query: answers in milliseconds, records nothing)."""
+    return await _handle(client, run_id).query(CodeModeRunWorkflow.pending_approvals)
+
+
+async def decide(
+    client: Client, run_id: str, call_id: str, *, approved: bool, note: str | None = None,
+    approver: str | None = None,
+) -> ApprovalRecord:
+    """Approve or deny one waiting call; returns its audit record once the run has recorded it.
+
+    The call id is the update id, so sending the same decision twice is harmless.
+
+    Raises:
+        temporalio.client.WorkflowUpdateFailedError: the call id is unknown, already decided or expired (the
+            message says which); the run is unaffected.
+
+    """
+    return await _handle(client, run_id).execute_update(
+        CodeModeRunWorkflow.decide,
+        ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=approver),
+        id=f"decide-{call_id}",
+    )
+
+
+async def decide_all(
+    client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None
+) -> list[ApprovalRecord]:
+    """Approve or deny every call of run `run_id` waiting for a decision."""
+    return await _handle(client, run_id).execute_update(
+        CodeModeRunWorkflow.decide_all, BatchDecision(approved=approved, note=note, approver=approver))

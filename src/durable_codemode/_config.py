@@ -50,6 +50,13 @@ class ToolOptions:
     """Run as a local activity: ~10x cheaper per call, for short idempotent tools. While local activities run,
     queries and updates to the run wait, so keep this off for tools of agents that await approvals."""
 
+    requires_approval: bool = False
+    """Every call waits for a human decision before it runs (pydantic-ai's `requires_approval=True` on the tool
+    means the same). A denial raises `PermissionError` at the call site inside the program."""
+
+    approval_timeout: timedelta | None = None
+    """How long a call waits for a decision before it is denied automatically; `None`: no limit."""
+
     in_sandbox: bool | None = None
     """`True`: callable from `run_code` snippets; `False`: a native tool the model calls directly; `None`:
     decided by the agent's `sandbox_tools` selection (default: every tool is in the sandbox)."""

@@ -42,13 +42,27 @@ from ._results import bounded_result, preview
 from ._stubs import TYPE_CHECK_PRELUDE
 from ._types import AgentSpec, CallRecord
 
-__all__ = ["Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool", "close_repls"]
+__all__ = ["CallSite", "Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool", "close_repls"]
 
 Settled = dict[str, Any]
 """A settled Monty answer: `{'return_value': v}` or `{'exc_type': 'ValueError', 'message': m}`."""
 
-StartTool = Callable[[str, dict[str, Any], str], Awaitable[tuple[Settled, CallRecord]]]
-"""Starts one tool call `(tool, kwargs, call_id)` and settles it; supplied by the workflow."""
+@dataclass(frozen=True)
+class CallSite:
+    """Where in a program a tool call is."""
+
+    code: str
+    line: int
+
+
+StartTool = Callable[[str, dict[str, Any], str, CallSite], Awaitable[tuple[Settled, CallRecord]]]
+"""Starts one tool call `(tool, kwargs, call_id, site)` and returns what settles it; supplied by the workflow.
+
+It is called synchronously when the program makes the call, so anything it registers (a pending approval) is
+visible before the program next waits."""
+
+AwaitingPerson = Callable[[str], bool]
+"""Whether the call with this id is waiting for a human decision (so the sandbox may be released meanwhile)."""
 
 _FILE_FUNCTIONS_MESSAGE = "run_code has no file system or network; use the tools to read and change data"
 
@@ -102,9 +116,11 @@ def close_repls(task_queue: str) -> int:
 class Repl:
     """The Monty session of one workflow run; variables persist across its snippets."""
 
-    def __init__(self, spec: AgentSpec, start_tool: StartTool) -> None:
+    def __init__(self, spec: AgentSpec, start_tool: StartTool,
+                 awaiting_person: AwaitingPerson = lambda call_id: False) -> None:
         self._spec = spec
         self._start_tool = start_tool
+        self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
         self._task_queue = workflow.info().task_queue
@@ -142,6 +158,22 @@ class Repl:
         _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
 
+    @property
+    def held(self) -> bool:
+        """Whether this REPL holds a sandbox process right now."""
+        return self._session is not None
+
+    def park(self, snapshot: FutureSnapshot) -> bytes:
+        """Dump a suspended program and give its sandbox process back to the pool (while people decide)."""
+        state = snapshot.dump()
+        self.close()
+        return state
+
+    def unpark(self, state: bytes, streams: CollectStreams) -> Any:
+        """Load a parked program into a fresh sandbox process; returns its re-announced snapshot."""
+        self._session = self._checkout()
+        return self._session.load_snapshot(state, print_callback=streams)
+
     def close(self) -> None:
         """Return the sandbox process to the pool; the REPL's state is gone."""
         session, self._session = self._session, None
@@ -160,7 +192,7 @@ class Repl:
             # Seed and checkout happen on first use, so a run that never calls run_code draws no random
             # numbers and holds no sandbox process.
             self._session = self._checkout()
-        driver = _SnippetDriver(self._spec, self._tools, self._start_tool, code, run_code_id)
+        driver = _SnippetDriver(self, self._tools, code, run_code_id)
         outcome = await driver.drive(self._session)
         if outcome.ends_run:
             self.close()
@@ -170,12 +202,11 @@ class Repl:
 class _SnippetDriver:
     """Answers one snippet's suspensions until it completes."""
 
-    def __init__(
-        self, spec: AgentSpec, tools: set[str], start_tool: StartTool, code: str, run_code_id: str
-    ) -> None:
-        self._spec = spec
+    def __init__(self, repl: Repl, tools: set[str], code: str, run_code_id: str) -> None:
+        self._repl = repl
+        self._spec = spec = repl._spec
         self._tools = tools
-        self._start_tool = start_tool
+        self._start_tool = repl._start_tool
         self._code = code
         self._run_code_id = run_code_id
         self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
@@ -197,7 +228,7 @@ class _SnippetDriver:
                     if isinstance(snap, FunctionSnapshot):
                         snap = await self._answer_call(snap)
                     elif isinstance(snap, FutureSnapshot):
-                        snap = snap.resume(await self._settle(snap.pending_call_ids))
+                        snap = await self._settle(snap)
                     elif isinstance(snap, NameLookupSnapshot):
                         snap = snap.resume()  # an undefined name: NameError inside the snippet
                     else:  # pragma: no cover - Monty's sync API has no other snapshot kind
@@ -269,7 +300,8 @@ class _SnippetDriver:
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
         kwargs = dict(snap.kwargs)
-        future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id))
+        site = CallSite(code=self._code, line=self._code.count("\n", 0, max(0, snap.position.start)) + 1)
+        future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id, site))
         self._pending[snap.call_id] = future  # type: ignore[assignment]
         now = workflow.now()
         self._started[snap.call_id] = CallRecord(
@@ -314,11 +346,15 @@ class _SnippetDriver:
             await workflow.sleep(seconds)
         return {"return_value": None}, None
 
-    async def _settle(self, pending_call_ids: list[int]) -> dict[int, Any]:
-        ids = sorted(pending_call_ids)
+    async def _settle(self, snap: FutureSnapshot) -> Any:
+        ids = sorted(snap.pending_call_ids)
         futures = [self._pending[i] for i in ids]
         if not any(f.done() for f in futures):
+            parked = self._waiting_on_people(ids)
+            state = self._repl.park(snap) if parked else None
             await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+            if state is not None:
+                snap = self._repl.unpark(state, self._streams)
         answers: dict[int, Any] = {}
         for i in ids:  # ascending: see the module docstring
             future = self._pending[i]
@@ -329,7 +365,12 @@ class _SnippetDriver:
                 if record is not None:
                     self._calls.append(record)
                 answers[i] = settled
-        return answers
+        return snap.resume(answers)
+
+    def _waiting_on_people(self, ids: list[int]) -> bool:
+        # Only a program whose every pending call waits for a human is parked: waits of minutes to weeks, where a
+        # held sandbox process would be wasted. Calls in flight and timers keep the process.
+        return all(i in self._started and self._repl.awaiting_person(self._started[i].call_id) for i in ids)
 
     def _cancel_pending(self) -> None:
         # Calls still running when the program ends (e.g. a gather that raised) are cancelled, and recorded

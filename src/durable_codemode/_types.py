@@ -15,6 +15,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage
 from temporalio.common import RetryPolicy
 
+from ._approvals import ApprovalRecord
 from ._config import SnippetLimits
 
 __all__ = [
@@ -61,6 +62,8 @@ class ToolSpec:
     timeout: timedelta
     retry_policy: RetryPolicy
     local: bool
+    requires_approval: bool = False
+    approval_timeout: timedelta | None = None
 
 
 @dataclass(kw_only=True)
@@ -97,7 +100,7 @@ class CallRecord:
     tool: str
     args: str
     """A preview of the arguments (at most ~200 characters)."""
-    status: Literal["ok", "error", "cancelled"]
+    status: Literal["ok", "error", "cancelled", "denied"]
     result: str
     """A preview of the result or the error."""
     started_at: datetime
@@ -140,6 +143,7 @@ class Continuation:
     """How many runs of this chain ended by continue-as-new before this one."""
     note: str | None = None
     """Why the last run continued as new, when the model must be told (e.g. the REPL was restarted)."""
+    approvals: list[ApprovalRecord] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -151,6 +155,8 @@ class RunResult:
     turns: list[TurnRecord]
     continued_as_new: int
     """Runs of this chain that ended by continue-as-new."""
+    approvals: list[ApprovalRecord] = field(default_factory=list)
+    """The audit trail: every approval decision of the run (who, when, note, call, arguments)."""
 
     @property
     def nested_calls(self) -> list[CallRecord]:

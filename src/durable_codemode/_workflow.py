@@ -9,6 +9,7 @@ pydantic-ai still supplies the models, the message format, the tools and their s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from datetime import timedelta
 from typing import Any
 
@@ -33,6 +34,19 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic_ai.usage import RunUsage
 
+    from ._approvals import (
+        APPROVE_SIGNAL,
+        DECIDE_ALL_UPDATE,
+        DECIDE_UPDATE,
+        DENY_SIGNAL,
+        PENDING_APPROVALS_QUERY,
+        ApprovalDecision,
+        ApprovalRecord,
+        Approvals,
+        BatchDecision,
+        PendingApproval,
+        denial_message,
+    )
     from ._names import (
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
@@ -41,7 +55,7 @@ with workflow.unsafe.imports_passed_through():
         tool_activity_id,
     )
     from ._results import preview
-    from ._sandbox import Repl, Settled, SnippetOutcome
+    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
     from ._types import (
         AgentSpec,
         CallRecord,
@@ -51,6 +65,7 @@ with workflow.unsafe.imports_passed_through():
         RunResult,
         SnippetRecord,
         ToolCallInput,
+        ToolSpec,
         TurnRecord,
     )
 
@@ -94,6 +109,67 @@ class CodeModeRunWorkflow:
 
     def __init__(self) -> None:
         self._spec: AgentSpec | None = None
+        self._approvals = Approvals()
+
+    # -- approvals ---------------------------------------------------------------------------------------------
+
+    @workflow.query(name=PENDING_APPROVALS_QUERY)
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The calls waiting for a decision, with their arguments and the program that made them."""
+        return list(self._approvals.pending.values())
+
+    @workflow.update(name=DECIDE_UPDATE)
+    def decide(self, decision: ApprovalDecision) -> ApprovalRecord:
+        """Approve or deny one waiting call; returns the audit record."""
+        record = self._approvals.decide(decision, via="update")
+        self._show_details()
+        return record
+
+    @decide.validator
+    def _validate_decision(self, decision: ApprovalDecision) -> None:
+        problem = self._approvals.problem(decision.call_id)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.update(name=DECIDE_ALL_UPDATE)
+    def decide_all(self, batch: BatchDecision) -> list[ApprovalRecord]:
+        """Approve or deny every waiting call at once."""
+        records = [
+            self._approvals.decide(ApprovalDecision(call_id=call_id, approved=batch.approved, note=batch.note,
+                                                    approver=batch.approver), via="update")
+            for call_id in sorted(self._approvals.pending)
+        ]
+        self._show_details()
+        return records
+
+    @decide_all.validator
+    def _validate_batch(self, batch: BatchDecision) -> None:
+        if not self._approvals.pending:
+            raise ValueError("no call is waiting for approval in this run")
+
+    @workflow.signal(name=APPROVE_SIGNAL)
+    def approve(self, decision: ApprovalDecision) -> None:
+        """Approve one waiting call (fire-and-forget; an invalid call id is recorded and ignored)."""
+        self._signal(decision, approved=True)
+
+    @workflow.signal(name=DENY_SIGNAL)
+    def deny(self, decision: ApprovalDecision) -> None:
+        """Deny one waiting call (fire-and-forget; an invalid call id is recorded and ignored)."""
+        self._signal(decision, approved=False)
+
+    def _signal(self, decision: ApprovalDecision, *, approved: bool) -> None:
+        problem = self._approvals.problem(decision.call_id)
+        if problem:
+            # Never raise from a signal handler: that fails the workflow task, forever.
+            self._approvals.ignored_signals.append(problem)
+            workflow.logger.warning("ignored approval signal: %s", problem)
+            return
+        self._approvals.decide(ApprovalDecision(call_id=decision.call_id, approved=approved, note=decision.note,
+                                                approver=decision.approver), via="signal")
+        self._show_details()
+
+    def _show_details(self) -> None:
+        workflow.set_current_details(self._approvals.details())
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
@@ -109,6 +185,7 @@ class CodeModeRunWorkflow:
             )
             cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
         self._spec = spec = cont.spec
+        self._approvals = Approvals(cont.approvals)
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
             now = workflow.now()
@@ -119,7 +196,7 @@ class CodeModeRunWorkflow:
                 "nothing to answer: give a prompt, or a message history that ends with a request",
                 type="InvalidRunInput", non_retryable=True,
             )
-        repl = Repl(spec, self._start_tool)
+        repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending)
         try:
             return await self._loop(input, cont, messages, repl)
         finally:
@@ -159,7 +236,8 @@ class CodeModeRunWorkflow:
             calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
             if not calls:
                 if text:
-                    return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs)
+                    return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs,
+                                     approvals=self._approvals.audit)
                 messages.append(self._request([RetryFeedbackPart(
                     "Your response had neither text nor a tool call; answer in text or call a tool.",
                     retry=RetryInfo("no_output"))]))
@@ -239,16 +317,44 @@ class CodeModeRunWorkflow:
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=str(e), started_at=now, finished_at=now)
             return self._retry(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
-        settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id)
+        settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id, CallSite(code="", line=0))
         if "return_value" in settled:
             return self._return(call, settled["return_value"]), record
         return self._retry(call, f"{settled['exc_type']}: {settled.get('message', '')}", "model_retry"), record
 
-    async def _start_tool(self, tool: str, args: dict[str, Any], call_id: str) -> tuple[Settled, CallRecord]:
-        """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
+    def _start_tool(
+        self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
+    ) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        """Start one tool call: register its approval at once if it needs one, then run it as its activity."""
         assert self._spec is not None
         spec = self._spec.tool(tool)
         assert spec is not None, f"tool {tool!r} is not in the recorded spec"
+        wait = None
+        if spec.requires_approval:
+            now = workflow.now()
+            pending = PendingApproval(
+                call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
+                expires_at=now + spec.approval_timeout if spec.approval_timeout else None)
+            # Registered before the program next waits, so the REPL knows the program waits on a person.
+            self._approvals.pending[call_id] = pending
+            self._show_details()
+            wait = self._approvals.wait(pending, spec.approval_timeout)
+        return self._call_tool(spec, args, call_id, wait)
+
+    async def _call_tool(
+        self, spec: ToolSpec, args: dict[str, Any], call_id: str,
+        approval: Coroutine[Any, Any, ApprovalRecord] | None,
+    ) -> tuple[Settled, CallRecord]:
+        """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
+        tool = spec.name
+        if approval is not None:
+            decision = await approval
+            self._show_details()
+            if not decision.approved:
+                message = denial_message(decision)
+                return {"exc_type": "PermissionError", "message": message}, CallRecord(
+                    call_id=call_id, tool=tool, args=preview(args), status="denied", result=message,
+                    started_at=decision.requested_at, finished_at=decision.decided_at)
         options: dict[str, Any] = {
             "start_to_close_timeout": spec.timeout,
             "retry_policy": spec.retry_policy,
@@ -273,9 +379,8 @@ class CodeModeRunWorkflow:
         return settled, CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
                                    started_at=started, finished_at=workflow.now())
 
-    @staticmethod
     def _continue_as_new(
-        input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None
+        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None
     ) -> None:
         last = messages[-1]
         if note is None and cont.spec.code_mode and isinstance(last, ModelRequest):
@@ -289,5 +394,5 @@ class CodeModeRunWorkflow:
             message_history=messages,
             model=input.model,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
-                                      note=note),
+                                      note=note, approvals=self._approvals.audit),
         ))

@@ -1,0 +1,153 @@
+"""Approvals inside programs: a gated call pauses the program until a decision arrives by update or signal."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+
+from durable_codemode import (
+    ApprovalDecision,
+    CodeModeAgent,
+    CodeModeRunWorkflow,
+    RunResult,
+    ToolOptions,
+    decide,
+    decide_all,
+    pending_approvals,
+    start_run,
+)
+from durable_codemode._pool import live_sessions
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+
+
+def refunds_agent(name: str, code: str, refunds: list[tuple[str, int]], *, timeout: timedelta | None = None,
+                  ) -> CodeModeAgent:
+    agent = Agent(scripted_model(RunCode(code), lambda m: repr(last_result(m))), name=name)
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order: str, cents: int) -> str:
+        """Refund an order (a person must approve each refund)."""
+        refunds.append((order, cents))
+        return f"refunded {cents} on {order}"
+
+    @agent.tool_plain
+    def lookup(order: str) -> int:
+        """The order's total in cents."""
+        return 1234
+
+    return CodeModeAgent(agent, tool_options={"refund": ToolOptions(requires_approval=True,
+                                                                    approval_timeout=timeout)})
+
+
+async def wait_pending(handle: WorkflowHandle[Any, Any], n: int = 1) -> list[Any]:
+    for _ in range(200):
+        pending = await handle.query(CodeModeRunWorkflow.pending_approvals)
+        if len(pending) >= n:
+            return pending
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"never saw {n} pending approval(s)")
+
+
+async def test_pause_query_approve_continue(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    code = "total = await lookup(order='A1')\nprint('looked up')\nr = await refund(order='A1', cents=total)\n[total, r]"
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds", code, refunds)], task_queue=tq):
+        handle = await start_run(client, "refunds", "refund A1", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        assert (pending.call_id, pending.tool, pending.args, pending.line) == ("call_0.1", "refund",
+                                                                               {"order": "A1", "cents": 1234}, 3)
+        assert "await refund(" in pending.code
+        assert refunds == []  # the call waits: nothing ran
+        assert live_sessions() == 0  # the paused program holds no sandbox process
+        # The Temporal UI shows the run's current details: what it waits for.
+        metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert metadata.current_details == "waiting for approval of 1 call(s): call_0.1 refund"
+        record = await decide(client, handle.id, "call_0.1", approved=True, note="ok", approver="ana")
+        assert record.approved and record.approver == "ana"
+        result: RunResult = await handle.result()
+    seen = eval(result.output)
+    assert seen == {"result": [1234, "refunded 1234 on A1"], "printed": "looked up\n"}  # nothing ran twice
+    assert refunds == [("A1", 1234)]
+    assert [(a.call_id, a.approved, a.approver, a.note, a.via) for a in result.approvals] == [
+        ("call_0.1", True, "ana", "ok", "update")]
+    await replay(handle)
+
+
+async def test_deny_is_a_permission_error_the_program_can_catch(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    code = """
+try:
+    await refund(order='B2', cents=500)
+    outcome = 'refunded'
+except PermissionError as e:
+    outcome = f'denied: {e}'
+outcome
+"""
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds2", code, refunds)], task_queue=tq):
+        handle = await start_run(client, "refunds2", "refund B2", task_queue=tq)
+        await wait_pending(handle)
+        await handle.signal(CodeModeRunWorkflow.deny, ApprovalDecision(call_id="call_0.0", note="too late",
+                                                                       approver="bo"))
+        result = await handle.result()
+    assert eval(result.output) == {"result": "denied: refund() was denied by bo: too late"}
+    assert refunds == []
+    assert result.approvals[0].via == "signal" and not result.approvals[0].approved
+    assert result.nested_calls[0].status == "denied"
+    await replay(handle)
+
+
+async def test_uncaught_denial_reaches_the_model(client: Client) -> None:
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds3", "await refund(order='C', cents=1)", [])],
+                              task_queue=tq):
+        handle = await start_run(client, "refunds3", "go", task_queue=tq)
+        await wait_pending(handle)
+        await decide(client, handle.id, "call_0.0", approved=False)
+        result = await handle.result()
+    assert "PermissionError: refund() was denied by an approver" in result.output
+    await replay(handle)
+
+
+async def test_bad_decisions_are_errors_to_the_approver_and_harmless(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    code = "import asyncio\nawait asyncio.gather(refund(order='D', cents=1), refund(order='E', cents=2))"
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds4", code, refunds)], task_queue=tq):
+        handle = await start_run(client, "refunds4", "go", task_queue=tq)
+        assert len(await wait_pending(handle, 2)) == 2  # a gather with two gated calls: two pending at once
+        with pytest.raises(WorkflowUpdateFailedError) as unknown:
+            await decide(client, handle.id, "call_9.9", approved=True)
+        assert "no call 'call_9.9' is waiting" in str(unknown.value.cause)
+        await handle.signal(CodeModeRunWorkflow.approve, ApprovalDecision(call_id="nope"))  # ignored, recorded
+        await decide(client, handle.id, "call_0.0", approved=True)
+        await decide(client, handle.id, "call_0.0", approved=True)  # the same update again: deduplicated
+        with pytest.raises(WorkflowUpdateFailedError) as again:
+            await handle.execute_update(CodeModeRunWorkflow.decide, ApprovalDecision(call_id="call_0.0"))
+        assert "already decided" in str(again.value.cause)
+        assert [p.call_id for p in await pending_approvals(client, handle.id)] == ["call_0.1"]
+        records = await decide_all(client, handle.id, approved=True, approver="batch")
+        assert [r.call_id for r in records] == ["call_0.1"]
+        result = await handle.result()
+    assert sorted(refunds) == [("D", 1), ("E", 2)]
+    assert [a.call_id for a in result.approvals] == ["call_0.0", "call_0.1"]
+    await replay(handle)
+
+
+async def test_approval_timeout_denies_with_a_note(client: Client) -> None:
+    code = "try:\n    await refund(order='F', cents=1)\nexcept PermissionError as e:\n    r = str(e)\nr"
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds5", code, [], timeout=timedelta(seconds=1))],
+                              task_queue=tq):
+        handle = await start_run(client, "refunds5", "go", task_queue=tq)
+        result = await handle.result()
+    assert "denied by the approval timeout: no decision within 0:00:01" in result.output
+    assert result.approvals[0].via == "timeout"
+    await replay(handle)
