@@ -151,3 +151,35 @@ async def test_approval_timeout_denies_with_a_note(client: Client) -> None:
     assert "denied by the approval timeout: no decision within 0:00:01" in result.output
     assert result.approvals[0].via == "timeout"
     await replay(handle)
+
+
+async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> None:
+    from .test_demo import _codemode
+
+    refunds: list[tuple[str, int]] = []
+    code = "import asyncio\nawait asyncio.gather(refund(order='G', cents=7), refund(order='H', cents=8))"
+    address = client.service_client.config.target_host
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds6", code, refunds)], task_queue=tq):
+        handle = await start_run(client, "refunds6", "go", task_queue=tq)
+        await wait_pending(handle, 2)
+        rc, out, err = await _codemode(address, "approvals", handle.id)
+        assert rc == 0, err
+        assert "call_0.0" in out and "call_0.1" in out and "refund" in out
+        assert '"order": "G"' in out
+        rc, out, err = await _codemode(address, "approve", handle.id, "call_0.7")
+        assert rc == 1 and "no call 'call_0.7' is waiting" in err
+        rc, out, err = await _codemode(address, "approve", handle.id, "call_0.0", "--note", "fine")
+        assert rc == 0 and "approved call_0.0" in out, err
+        for _ in range(100):  # let the approved refund finish before the denial ends the program
+            if refunds:
+                break
+            await asyncio.sleep(0.05)
+        rc, out, err = await _codemode(address, "deny", handle.id, "--all", "--note", "duplicate order",
+                                       "--approver", "cy")
+        assert rc == 0 and "denied call_0.1" in out, err
+        result = await handle.result()
+    assert "refund() was denied by cy: duplicate order" in result.output  # the gather raised the denial
+    assert refunds == [("G", 7)]
+    assert [(a.call_id, a.approved) for a in result.approvals] == [("call_0.0", True), ("call_0.1", False)]
+    await replay(handle)

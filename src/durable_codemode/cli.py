@@ -37,15 +37,17 @@ from pydantic_ai.models import Model
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from . import _pool
 from ._agent import CodeModeAgent
-from ._client import start_run
+from ._approvals import PendingApproval
+from ._client import decide, decide_all, pending_approvals, start_run
 from ._devserver import start_dev_server
 from ._errors import CodeModeUserError
+from ._results import preview
 from ._tree import render_tree
 from ._types import RunResult
 from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
@@ -329,6 +331,58 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _approvals(args: argparse.Namespace) -> int:
+    client = await connect()
+    try:
+        pending = await pending_approvals(client, args.run_id)
+    except RPCError as e:
+        raise CodeModeUserError(f"cannot query run {args.run_id!r}: {e.message}") from e
+    if args.json:
+        _say(TypeAdapter(list[PendingApproval]).dump_json(pending, indent=2).decode())
+        return EXIT_OK
+    if not pending:
+        _say(f"run {args.run_id}: no call is waiting for approval")
+        return EXIT_OK
+    _say(f"{'call id':<14} {'tool':<18} {'waiting since':<20} {'line':>4}  arguments")
+    for p in pending:
+        since = p.requested_at.strftime("%Y-%m-%d %H:%M:%S")
+        _say(f"{p.call_id:<14} {p.tool:<18} {since:<20} {p.line:>4}  {preview(p.args, 60)}")
+        if p.code:
+            line = p.code.splitlines()[p.line - 1].strip() if 0 < p.line <= len(p.code.splitlines()) else ""
+            _say(f"{'':<14} {'':<18} code: {preview(line, 70)}")
+    return EXIT_OK
+
+
+async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
+    client = await connect()
+    approver = args.approver or os.environ.get("USER")
+    try:
+        if args.all:
+            records = await decide_all(client, args.run_id, approved=approved, note=args.note, approver=approver)
+        elif args.call_id:
+            records = [await decide(client, args.run_id, args.call_id, approved=approved, note=args.note,
+                                    approver=approver)]
+        else:
+            raise CodeModeUserError("name the call to decide (see `codemode approvals RUN_ID`), or pass --all")
+    except WorkflowUpdateFailedError as e:
+        _err(f"not recorded: {e.cause.message if isinstance(e.cause, ApplicationError) else e.cause or e}")
+        return EXIT_FAILED
+    except RPCError as e:
+        raise CodeModeUserError(f"cannot reach run {args.run_id!r}: {e.message}") from e
+    verb = "approved" if approved else "denied"
+    for record in records:
+        _say(f"{verb} {record.call_id} {record.tool}({preview(record.args, 60)[1:-1]})")
+    return EXIT_OK
+
+
+async def _approve(args: argparse.Namespace) -> int:
+    return await _decide(args, approved=True)
+
+
+async def _deny(args: argparse.Namespace) -> int:
+    return await _decide(args, approved=False)
+
+
 # -- argument parsing ---------------------------------------------------------------------------------------
 
 
@@ -404,6 +458,22 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"the workers' task queue (default: {DEFAULT_TASK_QUEUE})")
     run.add_argument("--json", action="store_true", help="print the RunResult as JSON instead")
     run.set_defaults(handler=_run)
+
+    approvals = commands.add_parser("approvals", help="list the calls of a run waiting for approval",
+                                    description="List the tool calls of run RUN_ID that wait for a decision.")
+    approvals.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+    approvals.add_argument("--json", action="store_true", help="print the pending calls as JSON")
+    approvals.set_defaults(handler=_approvals)
+    for name, handler, verb in (("approve", _approve, "approve"), ("deny", _deny, "deny")):
+        cmd = commands.add_parser(name, help=f"{verb} a paused call (or --all of a run's)",
+                                  description=f"{verb.capitalize()} a call waiting for approval; the call id "
+                                  "is the update id, so repeating a decision is harmless.")
+        cmd.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+        cmd.add_argument("call_id", metavar="CALL_ID", nargs="?", help="the call, e.g. call_0.3")
+        cmd.add_argument("--all", action="store_true", help=f"{verb} every waiting call of the run")
+        cmd.add_argument("--note", help="a note for the audit trail (a denial's note reaches the program)")
+        cmd.add_argument("--approver", help="who decides (default: $USER)")
+        cmd.set_defaults(handler=handler)
     return parser
 
 
