@@ -183,3 +183,39 @@ async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> N
     assert refunds == [("G", 7)]
     assert [(a.call_id, a.approved) for a in result.approvals] == [("call_0.0", True), ("call_0.1", False)]
     await replay(handle)
+
+
+async def test_worker_restarted_while_paused_then_approved(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    code = "x = await lookup(order='J')\nr = await refund(order='J', cents=x)\n[x, r]"
+    agent = refunds_agent("refunds7", code, refunds)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "refunds7", "go", task_queue=tq)
+        await wait_pending(handle)
+    assert live_sessions() == 0
+    async with running_worker(client, [agent], task_queue=tq):
+        # The new worker rebuilds the paused program by replay, and the decision continues it from the call.
+        await decide(client, handle.id, "call_0.1", approved=True)
+        result = await handle.result()
+    assert eval(result.output) == {"result": [1234, "refunded 1234 on J"]}
+    assert refunds == [("J", 1234)]
+    await replay(handle)
+
+
+@pytest.mark.timeout(240)
+async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    code = "state = {'rows': list(range(1000))}\nawait refund(order='K', cents=len(state['rows']))"
+    tq = new_task_queue()
+    async with running_worker(client, [refunds_agent("refunds8", code, refunds)], task_queue=tq):
+        handles = [await start_run(client, "refunds8", "go", task_queue=tq) for _ in range(100)]
+        for handle in handles:
+            await wait_pending(handle)
+        assert live_sessions() == 0  # every paused program was dumped and its process given back
+        for handle in handles:
+            await decide(client, handle.id, "call_0.0", approved=True)
+        results = await asyncio.gather(*(h.result() for h in handles))
+    assert all(eval(r.output) == {"result": "refunded 1000 on K"} for r in results)
+    assert len(refunds) == 100
+    await replay(handles[0])
