@@ -219,3 +219,29 @@ async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> 
     assert all(eval(r.output) == {"result": "refunded 1000 on K"} for r in results)
     assert len(refunds) == 100
     await replay(handles[0])
+
+
+async def test_approval_rule_gates_only_the_calls_it_matches(client: Client) -> None:
+    refunds: list[tuple[str, int]] = []
+    agent = Agent(scripted_model(RunCode(
+        "import asyncio\nawait asyncio.gather(*(refund(order=o, cents=c) for o, c in [('S', 500), ('L', 50000)]))"
+    ), lambda m: repr(last_result(m))), name="rules")
+
+    @agent.tool_plain
+    def refund(order: str, cents: int) -> str:
+        """Refund an order; refunds over $100 need a person's approval."""
+        refunds.append((order, cents))
+        return f"refunded {order}"
+
+    rule = ToolOptions(approval_rule=lambda args: args["cents"] > 10_000)
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent, tool_options={"refund": rule})], task_queue=tq):
+        handle = await start_run(client, "rules", "go", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        assert pending.args == {"order": "L", "cents": 50000}
+        assert refunds == [("S", 500)] or refunds == []  # the small one runs at once, without asking
+        await decide(client, handle.id, pending.call_id, approved=True)
+        result = await handle.result()
+    assert sorted(refunds) == [("L", 50000), ("S", 500)]
+    assert [a.args["order"] for a in result.approvals] == ["L"]
+    await replay(handle)

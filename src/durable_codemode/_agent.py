@@ -28,7 +28,32 @@ from ._results import jsonable
 from ._stubs import render_stubs, run_code_tool_definition
 from ._types import AgentSpec, ToolSpec
 
-__all__ = ["CodeModeAgent", "ToolSelector"]
+__all__ = ["CodeModeAgent", "ToolSelector", "approval_rule"]
+
+_SERVED: dict[str, CodeModeAgent] = {}
+"""The agents `create_worker` serves in this process, for what workflow code needs of them: approval rules."""
+
+
+def approval_rule(agent: str, tool: str) -> Callable[[dict[str, Any]], bool]:
+    """The approval rule of `tool` of `agent` in this process.
+
+    Raises:
+        CodeModeUserError: this process does not serve that agent (e.g. a replay without the worker's agents).
+
+    """
+    served = _SERVED.get(agent)
+    rule = served.approval_rule_for(tool) if served is not None else None
+    if rule is None:
+        raise CodeModeUserError(
+            f"tool {tool!r} of agent {agent!r} has an approval rule, but this process does not know it: run the "
+            "workflow in a process where `create_worker` serves that agent"
+        )
+    return rule
+
+
+def serve(agent: CodeModeAgent) -> None:
+    """Make `agent` known to workflow code in this process (done by `create_worker`)."""
+    _SERVED[agent.name] = agent
 
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
@@ -148,6 +173,12 @@ class CodeModeAgent:
         if tool.name in self._tool_options:
             return self._tool_options[tool.name]
         meta = (tool.metadata or {}).get(_METADATA_KEY)
+        if (isinstance(meta, ToolOptions) and meta.approval_rule is not None) or (
+                isinstance(meta, Mapping) and meta.get("approval_rule") is not None):
+            raise CodeModeUserError(
+                f"tool {tool.name!r} sets approval_rule in its metadata; workflow code must find the rule without "
+                "reading the tools, so give it in CodeModeAgent(tool_options={...: ToolOptions(approval_rule=...)})"
+            )
         if isinstance(meta, ToolOptions):
             return meta
         if isinstance(meta, Mapping):
@@ -159,6 +190,10 @@ class CodeModeAgent:
                     f"{sorted(asdict(self._default_options))}"
                 ) from e
         return self._default_options
+
+    def approval_rule_for(self, tool: str) -> Callable[[dict[str, Any]], bool] | None:
+        """The approval rule of `tool`: from `tool_options`, else `default_tool_options` (not from metadata)."""
+        return (self._tool_options.get(tool) or self._default_options).approval_rule
 
     def _in_sandbox(self, tool: ToolDefinition, options: ToolOptions) -> bool:
         if not self.code_mode:
@@ -197,6 +232,7 @@ class CodeModeAgent:
                                   in_sandbox=in_sandbox, timeout=options.timeout,
                                   retry_policy=options.retry_policy, local=options.local,
                                   requires_approval=options.requires_approval or tool.tool_def.kind == "unapproved",
+                                  approval_rule=options.approval_rule is not None,
                                   approval_timeout=options.approval_timeout))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs

@@ -6,8 +6,10 @@ fails inside workflow code and retries forever.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio.common import RetryPolicy
 
@@ -53,6 +55,11 @@ class ToolOptions:
     requires_approval: bool = False
     """Every call waits for a human decision before it runs (pydantic-ai's `requires_approval=True` on the tool
     means the same). A denial raises `PermissionError` at the call site inside the program."""
+
+    approval_rule: Callable[[dict[str, Any]], bool] | None = None
+    """Approval only for some calls: a pure function of the call's arguments (e.g. refunds over $100), evaluated
+    in workflow code each time the call is made, and again on replay, so it must not read clocks, files or the
+    network, and changing it changes how open runs replay. `requires_approval=True` wins over it."""
 
     approval_timeout: timedelta | None = None
     """How long a call waits for a decision before it is denied automatically; `None`: no limit."""

@@ -63,6 +63,8 @@ class ToolSpec:
     retry_policy: RetryPolicy
     local: bool
     requires_approval: bool = False
+    approval_rule: bool = False
+    """The tool has an `approval_rule`, looked up in this process by (agent, tool) when a call is made."""
     approval_timeout: timedelta | None = None
 
 

@@ -18,7 +18,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from ._activities import CodeModeActivities
-from ._agent import CodeModeAgent
+from ._agent import CodeModeAgent, serve
 from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
@@ -127,6 +127,8 @@ def create_worker(
         )
     configure_pool(pool or PoolSettings())
     activities = CodeModeActivities(agents)
+    for agent in agents:
+        serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
     worker_options.setdefault("workflow_runner", workflow_runner())
 

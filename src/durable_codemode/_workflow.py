@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic_ai.usage import RunUsage
 
+    from ._agent import approval_rule
     from ._approvals import (
         APPROVE_SIGNAL,
         DECIDE_ALL_UPDATE,
@@ -330,7 +331,7 @@ class CodeModeRunWorkflow:
         spec = self._spec.tool(tool)
         assert spec is not None, f"tool {tool!r} is not in the recorded spec"
         wait = None
-        if spec.requires_approval:
+        if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
             now = workflow.now()
             pending = PendingApproval(
                 call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
