@@ -80,7 +80,8 @@ async def decide(
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
 
-    The call id is the update id, so sending the same decision twice is harmless.
+    The call id is the update id, so sending a decision twice is harmless: the second gets the first's record
+    back (check `record.approved`: a later, different decision about the same call is not applied).
 
     Raises:
         temporalio.client.WorkflowUpdateFailedError: the call id is unknown, already decided or expired (the
@@ -90,7 +91,7 @@ async def decide(
     return await _handle(client, run_id).execute_update(
         CodeModeRunWorkflow.decide,
         ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=approver),
-        id=f"decide-{call_id}",
+        id=call_id,
     )
 
 

@@ -369,10 +369,15 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
         return EXIT_FAILED
     except RPCError as e:
         raise CodeModeUserError(f"cannot reach run {args.run_id!r}: {e.message}") from e
-    verb = "approved" if approved else "denied"
+    code = EXIT_OK
     for record in records:
+        verb = "approved" if record.approved else "denied"
         _say(f"{verb} {record.call_id} {record.tool}({preview(record.args, 60)[1:-1]})")
-    return EXIT_OK
+        if record.approved != approved:
+            _err(f"{record.call_id} was already {verb} by {record.approver or 'someone'}; "
+                 "this decision was not applied")
+            code = EXIT_FAILED
+    return code
 
 
 async def _approve(args: argparse.Namespace) -> int:
