@@ -253,8 +253,11 @@ class CodeModeRunWorkflow:
                 part, outcome = await self._run_code(call, repl, turn)
                 parts.append(part)
                 if outcome is not None and outcome.ends_run:
-                    for other in calls[calls.index(call) + 1:]:
-                        parts.append(self._return(other, {"error": "not run: the run was restarted first"}))
+                    # Every tool call of the response needs an answer, or the next request is malformed.
+                    answered = {getattr(p, "tool_call_id", None) for p in parts}
+                    for other in calls:
+                        if other.tool_call_id not in answered:
+                            parts.append(self._return(other, {"error": "not run: the run was restarted first"}))
                     for future in direct_results:
                         future.cancel()
                     messages.append(self._request(self._in_call_order(calls, parts)))
