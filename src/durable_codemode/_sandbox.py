@@ -123,6 +123,8 @@ class Repl:
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
+        self._idle_state: bytes | None = None
+        """The REPL between snippets, dumped while the run waits on the model."""
         self._task_queue = workflow.info().task_queue
 
     def _checkout(self) -> pydantic_monty.MontySession:
@@ -188,13 +190,25 @@ class Repl:
         """Feed one snippet and drive it to completion; never raises a `MontyError`."""
         if restart:
             self.close()
+            self._idle_state = None
         if self._session is None:
-            # Seed and checkout happen on first use, so a run that never calls run_code draws no random
-            # numbers and holds no sandbox process.
+            # Checkout happens on first use, so a run that never calls run_code holds no sandbox process.
             self._session = self._checkout()
+            if self._idle_state is not None:
+                self._session.load_session(self._idle_state)
+                self._idle_state = None
         driver = _SnippetDriver(self, self._tools, code, run_code_id)
         outcome = await driver.drive(self._session)
         if outcome.ends_run:
+            self.close()
+        elif self._session is not None:
+            # Between snippets the run waits on the model (seconds with a real one): keep the REPL as a dump in
+            # workflow memory and give the process back. Holding it made a burst of 1,000 approvals fail 2,732
+            # workflow tasks with SandboxUnavailableError on a 4-process pool.
+            try:
+                self._idle_state = self._session.dump()
+            except MontyError:
+                self._idle_state = None  # the process died after the snippet: the next one starts fresh
             self.close()
         return outcome
 
