@@ -338,3 +338,17 @@ async def test_tool_metadata_keeps_a_tool_native(client: Client) -> None:
     assert eval(result.output) == ["ping!", {"result": "pong!"}]
     assert [c.tool for c in result.direct_calls] == ["ping"]
     assert [c.tool for c in result.nested_calls] == ["pong"]
+
+
+async def test_no_sandbox_process_is_held_while_the_model_thinks(client: Client) -> None:
+    from durable_codemode._pool import live_sessions
+
+    held: list[int] = []
+
+    def second_turn(messages: Any) -> RunCode:
+        held.append(live_sessions())  # the model activity runs in this process while the run waits for it
+        return RunCode("x + 1")  # the REPL's state survives the release
+
+    result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
+    assert held == [0]
+    assert eval(result.output) == {"result": 41}
