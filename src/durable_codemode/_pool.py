@@ -23,7 +23,8 @@ class PoolSettings:
     """Sizing of the Monty pool."""
 
     max_processes: int = 4
-    """Sandbox processes at most; a run holds one only while it has a live REPL."""
+    """Sandbox processes at most. A run holds one only while one of its snippets runs (waiting on tools included);
+    between snippets and while a program waits for approval its REPL is a dump in workflow memory."""
 
     checkout_timeout: float = 1.0
     """Seconds a run waits for a free sandbox process. Kept well under Temporal's 2 s deadlock limit: past it
