@@ -5,6 +5,10 @@ codemode demo [--lines 122]                      the cart agent end to end, offl
 codemode dev [--db FILE] [--port 7233] [--ui]    a persistent dev server plus a worker, until Ctrl-C
 codemode worker [--task-queue Q]                 a worker for the bundled agents (TEMPORAL_ADDRESS/embedded)
 codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS and print its result
+codemode runs [--agent A] [--status S]           recent runs and their state (waiting for approval, ...)
+codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
+codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
+codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence, where and why (exit 1)
 ```
 
 Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the command was used wrongly or the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import signal
 import sys
@@ -29,6 +34,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -44,10 +50,15 @@ from temporalio.service import RPCError
 from . import _pool
 from ._agent import CodeModeAgent
 from ._approvals import PendingApproval
+from ._capture import quiet_replays
 from ._client import decide, decide_all, pending_approvals, start_run
 from ._devserver import start_dev_server
 from ._errors import CodeModeUserError
+from ._history import fetch_chain, fetch_history, histories_to_json, read_histories, trace_histories, trace_run
+from ._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
 from ._results import preview
+from ._runs import RUN_STATES, list_runs
+from ._trace import render_trace, trace_json
 from ._tree import render_tree
 from ._types import RunResult
 from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
@@ -388,6 +399,123 @@ async def _deny(args: argparse.Namespace) -> int:
     return await _decide(args, approved=False)
 
 
+# -- debugging from histories ----------------------------------------------------------------------------------
+
+
+def _duration(text: str) -> timedelta:
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a duration such as 90s, 30m, 24h or 7d, got {text!r}")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match.group(2)]
+    return timedelta(**{unit: float(match.group(1))})
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def _load_worker(module: str | None) -> None:
+    if module:
+        names = load_agents(module)
+        _say(f"agents from {module}: {', '.join(names)}", out=sys.stderr)
+
+
+async def _history_cmd(args: argparse.Namespace) -> int:
+    client = await connect()
+    histories = (await fetch_chain(client, args.run_id) if args.chain
+                 else [await fetch_history(client, args.run_id)])
+    started = histories[0].events[0].workflow_execution_started_event_attributes
+    if not args.chain and started.continued_execution_run_id:
+        _err(f"note: run {args.run_id} continued as new from an earlier run; this is its latest run only "
+             "(--chain exports every run of the chain)")
+    text = histories_to_json(histories)
+    if args.output is None:
+        _say(text)
+        return EXIT_OK
+    try:
+        Path(args.output).write_text(text)
+    except OSError as e:
+        raise CodeModeUserError(f"cannot write {args.output!r}: {e.strerror or e}") from e
+    events = sum(len(h.events) for h in histories)
+    runs = f"{len(histories)} runs" if len(histories) > 1 else "1 run"
+    _say(f"wrote the history of {args.run_id} ({runs}, {events} events) to {args.output}; replay it with "
+         f"`codemode replay --history {args.output}`")
+    return EXIT_OK
+
+
+def _one_source(args: argparse.Namespace, *, allow_all: bool = False) -> None:
+    given = [bool(args.run_id), bool(args.history), bool(getattr(args, "all", False))]
+    if sum(given) != 1:
+        choices = "RUN_ID, --history FILE" + (" or --all" if allow_all else "")
+        raise CodeModeUserError(f"name exactly one run to read: {choices}")
+
+
+async def _replay_cmd(args: argparse.Namespace) -> int:
+    _one_source(args, allow_all=True)
+    _load_worker(args.worker)
+    with quiet_replays() as runtime:
+        if args.all:
+            client = await connect()
+            try:
+                replays = await replay_recent(client, since=args.since, query=args.query, limit=args.limit,
+                                              runtime=runtime)
+            except RPCError as e:
+                raise CodeModeUserError(f"the server rejected the run listing: {e.message} (check --query: it "
+                                        "is a Temporal visibility query, e.g. \"TaskQueue = 'cart'\")") from e
+            _say(render_replay_table(replays))
+            return EXIT_OK if all(r.verdict in ("ok", "expected") for r in replays) else EXIT_FAILED
+        if args.history:
+            histories = read_histories(args.history)
+        else:
+            histories = await fetch_chain(await connect(), args.run_id)
+        report = await replay_histories(histories, runtime=runtime)
+    _say(render_replay(report))
+    if report.needs_agents:
+        return EXIT_USAGE
+    return EXIT_OK if report.ok else EXIT_FAILED
+
+
+async def _trace_cmd(args: argparse.Namespace) -> int:
+    _one_source(args)
+    _load_worker(args.worker)
+    with quiet_replays() as runtime:
+        if args.history:
+            trace = await trace_histories(read_histories(args.history), replay=not args.no_replay, runtime=runtime)
+        else:
+            trace = await trace_run(await connect(), args.run_id, replay=not args.no_replay, runtime=runtime)
+    _say(trace_json(trace) if args.json else render_trace(trace, width=_tree_width()))
+    return EXIT_OK
+
+
+async def _runs_cmd(args: argparse.Namespace) -> int:
+    client = await connect()
+    try:
+        runs = await list_runs(client, agent=args.agent, status=args.status, query=args.query, limit=args.limit)
+    except RPCError as e:
+        raise CodeModeUserError(f"the server at {_address(client)} cannot list runs: {e.message}") from e
+    if not runs:
+        _say("no runs" + (f" of agent {args.agent!r}" if args.agent else "")
+             + (f" with status {args.status}" if args.status else ""))
+        return EXIT_OK
+    rows = [("run", "agent", "state", "started", "took")]
+    for r in runs:
+        state = r.state + (f" ({r.pending_approvals})" if r.pending_approvals else "")
+        if r.state == "running" and r.pending_approvals is None:
+            state += " (no worker answered)"
+        took = f"{(r.closed_at - r.started_at).total_seconds():.1f} s" if r.closed_at else ""
+        rows.append((r.workflow_id, r.agent or "?", state, r.started_at.strftime("%Y-%m-%d %H:%M:%S"), took))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        _say("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+    return EXIT_OK
+
+
 # -- argument parsing ---------------------------------------------------------------------------------------
 
 
@@ -479,6 +607,60 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("--note", help="a note for the audit trail (a denial's note reaches the program)")
         cmd.add_argument("--approver", help="who decides (default: $USER)")
         cmd.set_defaults(handler=handler)
+
+    runs = commands.add_parser("runs", help="recent runs and their state",
+                               description=f"List recent runs on {_ADDRESS_ENV} from Temporal's visibility store: "
+                               "id, agent, state (running, waiting for approval, completed, failed, "
+                               "continued-as-new), start time.")
+    runs.add_argument("--agent", help="only this agent's runs")
+    runs.add_argument("--status", choices=RUN_STATES, help="only runs in this state ('waiting': running and "
+                      "waiting for an approval)")
+    runs.add_argument("--query", metavar="Q", help="a visibility query to narrow the runs, e.g. \"TaskQueue = "
+                      "'cart'\"")
+    runs.add_argument("--limit", type=_positive, default=20, help="at most this many runs (default: 20)")
+    runs.set_defaults(handler=_runs_cmd)
+
+    history = commands.add_parser("history", help="export a run's history as JSON",
+                                  description="Print (or write to FILE) the history of run RUN_ID as Temporal's "
+                                  "history JSON, which `codemode replay --history` and `trace --history` read "
+                                  "offline.")
+    history.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+    history.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    history.add_argument("--chain", action="store_true", help="every run of the continue-as-new chain, first to "
+                         "last (default: the latest run)")
+    history.set_defaults(handler=_history_cmd)
+
+    trace = commands.add_parser("trace", help="a run as a tree: turns, snippets, calls, approvals",
+                                description="Draw a run (running, completed, failed or continued as new) from its "
+                                "history: each model turn, each snippet's code, each nested call with its "
+                                "arguments, status, duration, retries and result or error, the approvals and the "
+                                "output.")
+    trace.add_argument("run_id", metavar="RUN_ID", nargs="?", help="the run's workflow id (its whole chain)")
+    trace.add_argument("--history", metavar="FILE", help="read a history file instead of the server")
+    trace.add_argument("--json", action="store_true", help="print the trace as JSON")
+    trace.add_argument("--worker", metavar="MODULE", help="import MODULE for the agents' approval rules")
+    trace.add_argument("--no-replay", action="store_true", help="read the history only; without the offline "
+                       "replay, call lines and pending approvals are missing")
+    trace.set_defaults(handler=_trace_cmd)
+
+    replay = commands.add_parser("replay", help="replay runs offline; name any divergence",
+                                 description="Replay a run's history with this version of durable-codemode, "
+                                 "offline, without running any activity (no server needed with --history). On "
+                                 "a divergence: the model turn, snippet, line and call, the recorded and the "
+                                 "replayed call, and the likely cause; exit status 1.")
+    replay.add_argument("run_id", metavar="RUN_ID", nargs="?", help="the run's workflow id (its whole chain)")
+    replay.add_argument("--history", metavar="FILE", help="replay a history file (from `codemode history -o`)")
+    replay.add_argument("--all", action="store_true", help="replay the server's recent runs (before deploying "
+                        "a new worker)")
+    replay.add_argument("--since", type=_duration, default=timedelta(hours=24), metavar="DURATION",
+                        help="with --all: runs started this long ago or later (default: 24h)")
+    replay.add_argument("--query", metavar="Q", help="with --all: a visibility query to narrow the runs, e.g. "
+                        "\"TaskQueue = 'cart'\"")
+    replay.add_argument("--limit", type=_positive, default=200, help="with --all: at most this many runs "
+                        "(default: 200)")
+    replay.add_argument("--worker", metavar="MODULE", help="import MODULE for the agents' approval rules (its "
+                        "agents() function or module-level CodeModeAgent values)")
+    replay.set_defaults(handler=_replay_cmd)
     return parser
 
 

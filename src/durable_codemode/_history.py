@@ -1,0 +1,787 @@
+"""A run's history: fetch it (or its whole continue-as-new chain), save and load it as JSON, read it as a trace.
+
+Everything a trace shows is in the history because every model request, tool call and clock read crosses the
+workflow boundary through Temporal (DESIGN.md): the model turns are the `model_request` activities (their
+inputs hold the conversation, their results the responses with the `run_code` code), a nested call is an
+activity whose id is `<call id>-<digest>` and whose input is `ToolCallInput`, decisions are updates and signals,
+and the spec recorded by the `describe_agent` marker gives the limits. Three things are not in the history:
+a pending approval (the call has not reached Temporal yet), a local activity's arguments and the source line of
+a call; `trace_histories` gets them by replaying the history offline, and says so when that replay fails.
+
+Files are Temporal's own history JSON (`WorkflowHistory.to_json()`, what `temporal workflow show --output json`
+and the UI download give) for one run, and `{"workflow_id": ..., "runs": [<history>, ...]}` for a chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.failure.v1 import Failure
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client, WorkflowHistory
+from temporalio.runtime import Runtime
+from temporalio.service import RPCError, RPCStatusCode
+
+from ._approvals import (
+    APPROVE_SIGNAL,
+    DECIDE_ALL_UPDATE,
+    DECIDE_UPDATE,
+    DENY_SIGNAL,
+    ApprovalDecision,
+    ApprovalRecord,
+    PendingApproval,
+)
+from ._capture import ReplayCapture, failure_message, replay_history
+from ._converter import DATA_CONVERTER
+from ._errors import CodeModeUserError
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
+from ._results import preview
+from ._trace import CallStatus, RunTrace, TraceApproval, TraceCall, TraceRun, TraceSnippet, TraceTurn
+from ._types import AgentSpec, CallRecord, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
+
+__all__ = [
+    "RunNotFoundError",
+    "fetch_chain",
+    "fetch_history",
+    "histories_from_json",
+    "histories_to_json",
+    "parse_histories",
+    "read_histories",
+    "trace_histories",
+    "trace_run",
+    "write_histories",
+]
+
+_PREVIEW = 200
+"""Characters of a result, error or argument preview."""
+
+_RULE_UNKNOWN = "this process does not know it"
+"""From `approval_rule`'s error: a replay needs the agent's approval rules (`--worker MODULE`)."""
+
+_LOCAL_ACTIVITY_MARKER = "core_local_activity"
+"""The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""
+
+
+class RunNotFoundError(CodeModeUserError):
+    """No run with that id on the server."""
+
+    def __init__(self, workflow_id: str, address: str) -> None:
+        super().__init__(f"no run with id {workflow_id!r} on the Temporal server at {address}: check the id "
+                         "(`codemode runs` lists recent runs) and TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE")
+        self.workflow_id = workflow_id
+
+
+# -- fetching and files --------------------------------------------------------------------------------------
+
+
+def _not_found(error: RPCError) -> bool:
+    return error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT)
+
+
+async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None = None) -> WorkflowHistory:
+    """The history of one run of `workflow_id` (default: its latest run).
+
+    Raises:
+        RunNotFoundError: no such run on the server.
+
+    """
+    try:
+        return await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+    except RPCError as e:
+        if _not_found(e):
+            raise RunNotFoundError(workflow_id, client.service_client.config.target_host) from e
+        raise
+
+
+async def fetch_chain(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+    """The histories of every run of `workflow_id`'s continue-as-new chain, first to last.
+
+    Raises:
+        RunNotFoundError: no such run on the server.
+
+    """
+    latest = await fetch_history(client, workflow_id)
+    started = latest.events[0].workflow_execution_started_event_attributes
+    first = started.first_execution_run_id or latest.run_id
+    if first == latest.run_id:
+        return [latest]
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = first
+    while run_id:
+        history = latest if run_id == latest.run_id else await fetch_history(client, workflow_id, run_id=run_id)
+        histories.append(history)
+        last = history.events[-1]
+        run_id = (last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                  if last.HasField("workflow_execution_continued_as_new_event_attributes") else None)
+    return histories
+
+
+def histories_to_json(histories: Sequence[WorkflowHistory]) -> str:
+    """One run: Temporal's history JSON; several: `{"workflow_id": ..., "runs": [...]}`."""
+    if len(histories) == 1:
+        return histories[0].to_json()
+    return json.dumps({"workflow_id": histories[0].workflow_id,
+                       "runs": [h.to_json_dict() for h in histories]}, indent=2)
+
+
+def _workflow_id_of(history: dict[str, Any], default: str) -> str:
+    events = history.get("events") or []
+    if events:
+        attributes = events[0].get("workflowExecutionStartedEventAttributes") or {}
+        return str(attributes.get("workflowId") or default)
+    return default
+
+
+def histories_from_json(text: str, *, default_workflow_id: str = "run") -> list[WorkflowHistory]:
+    """The histories in a file written by `histories_to_json` (or downloaded from Temporal's CLI or UI).
+
+    Raises:
+        CodeModeUserError: the text is not a history, or not one of a durable-codemode run.
+
+    """
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise CodeModeUserError(f"not a history file: not JSON ({e})") from e
+    if isinstance(data, dict) and "runs" in data:
+        runs, workflow_id = data["runs"], data.get("workflow_id")
+    elif isinstance(data, list):
+        runs, workflow_id = data, None
+    else:
+        runs, workflow_id = [data], None
+    histories = []
+    for run in runs:
+        if not isinstance(run, dict) or not run.get("events"):
+            raise CodeModeUserError("not a history file: expected Temporal's history JSON ({\"events\": [...]}), "
+                                    "as written by `codemode history RUN_ID -o FILE`")
+        wid = workflow_id or _workflow_id_of(run, default_workflow_id)
+        history = WorkflowHistory.from_json(wid, run)
+        kind = history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+        if kind != WORKFLOW_TYPE:
+            raise CodeModeUserError(f"the history is of a {kind!r} workflow, not a durable-codemode run "
+                                    f"({WORKFLOW_TYPE!r})")
+        histories.append(history)
+    return histories
+
+
+def write_histories(path: str | Path, histories: Sequence[WorkflowHistory]) -> None:
+    """Save histories to `path` (see `histories_to_json`)."""
+    Path(path).write_text(histories_to_json(histories))
+
+
+def read_histories(path: str | Path) -> list[WorkflowHistory]:
+    """Load the histories saved in `path`.
+
+    Raises:
+        CodeModeUserError: the file is missing or is not a durable-codemode history.
+
+    """
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as e:
+        raise CodeModeUserError(f"cannot read history file {str(file)!r}: {e.strerror or e}") from e
+    return histories_from_json(text, default_workflow_id=file.stem)
+
+
+# -- decoding ------------------------------------------------------------------------------------------------
+
+
+def _decode(payloads: Payloads | Sequence[Payload], kind: Any = None) -> Any:
+    items = list(payloads.payloads) if isinstance(payloads, Payloads) else list(payloads)
+    if not items:
+        return None
+    try:
+        return DATA_CONVERTER.payload_converter.from_payload(items[0], kind)
+    except Exception:  # a payload of another shape (an older version, a hand-edited file): show it raw
+        try:
+            return json.loads(items[0].data)
+        except ValueError:
+            return items[0].data.decode(errors="replace")
+
+
+def _time(event: HistoryEvent) -> datetime:
+    return event.event_time.ToDatetime(tzinfo=UTC)
+
+
+def failure_text(failure: Failure) -> str:
+    """`Type: message` of a failure, with its causes' messages when they say more (outermost first)."""
+    told: list[str] = []
+    current: Failure | None = failure
+    while current is not None and current.ByteSize():
+        kind = current.application_failure_info.type if current.HasField("application_failure_info") else ""
+        if current.HasField("timeout_failure_info"):
+            kind = "timed out"
+        message = current.message.strip()
+        text = f"{kind}: {message}" if kind and not message.startswith(kind) else message
+        if text and not any(text in t for t in told):
+            told.append(text)
+        current = current.cause if current.HasField("cause") else None
+    return ": ".join(told) or "failed"
+
+
+def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    return (end - start).total_seconds() if start and end else None
+
+
+def _summary(event: HistoryEvent) -> str | None:
+    if not event.HasField("user_metadata") or not event.user_metadata.HasField("summary"):
+        return None
+    value = _decode([event.user_metadata.summary])
+    return value if isinstance(value, str) else None
+
+
+# -- parsing one run -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RecordedActivity:
+    """A model request or tool call as the history recorded it (a local activity: from its marker)."""
+
+    activity_type: str
+    activity_id: str
+    scheduled_at: datetime
+    input: Any
+    summary: str | None
+    local: bool = False
+    attempts: int = 0
+    last_failure: str | None = None
+    closed: str | None = None
+    """`completed`, `failed`, `timed_out`, `cancelled`; `None` while open."""
+    finished_at: datetime | None = None
+    result: Any = None
+    failure: str | None = None
+    cancel_requested: bool = False
+    event_id: int = 0
+    """The event that scheduled it (or its marker)."""
+
+
+@dataclass
+class RecordedRun:
+    """One history, read: the raw material `parse_histories` assembles into the trace."""
+
+    run: TraceRun
+    input: RunInput
+    spec: AgentSpec | None = None
+    activities: list[RecordedActivity] = field(default_factory=list)
+    records: list[ApprovalRecord] = field(default_factory=list)
+    signals: list[tuple[str, ApprovalDecision]] = field(default_factory=list)
+    result: RunResult | None = None
+    next_input: RunInput | None = None
+
+
+def _read_marker(event: HistoryEvent) -> RecordedActivity | None:
+    attrs = event.marker_recorded_event_attributes
+    if attrs.marker_name != _LOCAL_ACTIVITY_MARKER or "data" not in attrs.details:
+        return None
+    data = _decode(attrs.details["data"])
+    if not isinstance(data, dict):
+        return None
+    activity = RecordedActivity(
+        activity_type=str(data.get("activity_type", "")), activity_id=str(data.get("activity_id", "")),
+        scheduled_at=_time(event), input=None, summary=None, local=True, attempts=int(data.get("attempt") or 1),
+        closed="completed", finished_at=_time(event), event_id=event.event_id)
+    scheduled = data.get("original_schedule_time")
+    if isinstance(scheduled, dict) and "seconds" in scheduled:
+        activity.scheduled_at = datetime.fromtimestamp(scheduled["seconds"] + scheduled.get("nanos", 0) / 1e9, UTC)
+    if attrs.HasField("failure"):
+        activity.closed, activity.failure = "failed", failure_text(attrs.failure)
+    elif "result" in attrs.details:
+        kind = AgentSpec if activity.activity_type == DESCRIBE_AGENT_ACTIVITY else None
+        activity.result = _decode(attrs.details["result"], kind)
+    return activity
+
+
+def read_run(history: WorkflowHistory) -> RecordedRun:
+    """Read one run's history event by event (`_replay` uses it to find the recorded side of a divergence)."""
+    first = history.events[0]
+    started = first.workflow_execution_started_event_attributes
+    run_input = _decode(started.input, RunInput)
+    if not isinstance(run_input, RunInput):
+        raise CodeModeUserError(f"run {history.run_id}: its input is not a durable-codemode RunInput")
+    parsed = RecordedRun(run=TraceRun(run_id=history.run_id, status="running", started_at=_time(first),
+                               events=len(history.events)), input=run_input)
+    if run_input.continuation is not None:
+        parsed.spec = run_input.continuation.spec
+    by_event: dict[int, RecordedActivity] = {}
+    updates: dict[str, str] = {}
+    for event in history.events:
+        kind = event.WhichOneof("attributes")
+        if kind == "marker_recorded_event_attributes":
+            marker = _read_marker(event)
+            if marker is None:
+                continue
+            if marker.activity_type == DESCRIBE_AGENT_ACTIVITY:
+                if isinstance(marker.result, AgentSpec):
+                    parsed.spec = marker.result
+            else:
+                parsed.activities.append(marker)
+        elif kind == "activity_task_scheduled_event_attributes":
+            attrs = event.activity_task_scheduled_event_attributes
+            activity_type = attrs.activity_type.name
+            hint: Any = ModelRequestInput if activity_type == MODEL_REQUEST_ACTIVITY else None
+            activity = RecordedActivity(activity_type=activity_type, activity_id=attrs.activity_id,
+                                 scheduled_at=_time(event), input=_decode(attrs.input, hint), summary=_summary(event),
+                                 event_id=event.event_id)
+            by_event[event.event_id] = activity
+            parsed.activities.append(activity)
+        elif kind == "activity_task_started_event_attributes":
+            attrs_started = event.activity_task_started_event_attributes
+            if (act := by_event.get(attrs_started.scheduled_event_id)) is not None:
+                act.attempts = attrs_started.attempt
+                if attrs_started.HasField("last_failure"):
+                    act.last_failure = failure_text(attrs_started.last_failure)
+        elif kind == "activity_task_completed_event_attributes":
+            done = event.activity_task_completed_event_attributes
+            if (act := by_event.get(done.scheduled_event_id)) is not None:
+                hint = ModelResponse if act.activity_type == MODEL_REQUEST_ACTIVITY else None
+                act.closed, act.finished_at, act.result = "completed", _time(event), _decode(done.result, hint)
+        elif kind == "activity_task_failed_event_attributes":
+            failed = event.activity_task_failed_event_attributes
+            if (act := by_event.get(failed.scheduled_event_id)) is not None:
+                act.closed, act.finished_at, act.failure = "failed", _time(event), failure_text(failed.failure)
+        elif kind == "activity_task_timed_out_event_attributes":
+            timed_out = event.activity_task_timed_out_event_attributes
+            if (act := by_event.get(timed_out.scheduled_event_id)) is not None:
+                act.closed, act.finished_at, act.failure = "timed_out", _time(event), failure_text(timed_out.failure)
+        elif kind == "activity_task_cancel_requested_event_attributes":
+            requested = event.activity_task_cancel_requested_event_attributes
+            if (act := by_event.get(requested.scheduled_event_id)) is not None:
+                act.cancel_requested, act.finished_at = True, act.finished_at or _time(event)
+        elif kind == "activity_task_canceled_event_attributes":
+            canceled = event.activity_task_canceled_event_attributes
+            if (act := by_event.get(canceled.scheduled_event_id)) is not None:
+                act.closed, act.finished_at = "cancelled", _time(event)
+        elif kind == "workflow_execution_update_accepted_event_attributes":
+            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
+            updates[request.meta.update_id] = request.input.name
+        elif kind == "workflow_execution_update_completed_event_attributes":
+            completed = event.workflow_execution_update_completed_event_attributes
+            name = updates.get(completed.meta.update_id)
+            if completed.outcome.HasField("success") and name in (DECIDE_UPDATE, DECIDE_ALL_UPDATE):
+                hint = ApprovalRecord if name == DECIDE_UPDATE else list[ApprovalRecord]
+                value = _decode(completed.outcome.success, hint)
+                parsed.records += value if isinstance(value, list) else [value]
+        elif kind == "workflow_execution_signaled_event_attributes":
+            signal = event.workflow_execution_signaled_event_attributes
+            if signal.signal_name in (APPROVE_SIGNAL, DENY_SIGNAL):
+                decision = _decode(signal.input, ApprovalDecision)
+                if isinstance(decision, ApprovalDecision):
+                    parsed.signals.append((signal.signal_name, decision))
+        elif kind == "workflow_task_failed_event_attributes":
+            task = event.workflow_task_failed_event_attributes
+            text = failure_text(task.failure) if task.HasField("failure") else "failed"
+            if text not in parsed.run.task_failures:
+                parsed.run.task_failures.append(text)
+        elif kind == "workflow_execution_completed_event_attributes":
+            parsed.run.status, parsed.run.closed_at = "completed", _time(event)
+            value = _decode(event.workflow_execution_completed_event_attributes.result, RunResult)
+            parsed.result = value if isinstance(value, RunResult) else None
+        elif kind == "workflow_execution_failed_event_attributes":
+            parsed.run.status, parsed.run.closed_at = "failed", _time(event)
+            parsed.run.failure = failure_text(event.workflow_execution_failed_event_attributes.failure)
+        elif kind == "workflow_execution_continued_as_new_event_attributes":
+            cont = event.workflow_execution_continued_as_new_event_attributes
+            parsed.run.status, parsed.run.closed_at = "continued_as_new", _time(event)
+            parsed.run.continued_as = cont.new_execution_run_id
+            value = _decode(cont.input, RunInput)
+            if isinstance(value, RunInput):
+                parsed.next_input = value
+                parsed.run.continue_reason = value.continuation.note if value.continuation else None
+        elif kind == "workflow_execution_terminated_event_attributes":
+            parsed.run.status, parsed.run.closed_at = "terminated", _time(event)
+            parsed.run.failure = event.workflow_execution_terminated_event_attributes.reason or "terminated"
+        elif kind == "workflow_execution_canceled_event_attributes":
+            parsed.run.status, parsed.run.closed_at = "cancelled", _time(event)
+            parsed.run.failure = "cancelled"
+        elif kind == "workflow_execution_timed_out_event_attributes":
+            parsed.run.status, parsed.run.closed_at = "timed_out", _time(event)
+            parsed.run.failure = "the run timed out"
+    return parsed
+
+
+# -- assembling the trace ------------------------------------------------------------------------------------
+
+
+def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
+    payload = activity.input if isinstance(activity.input, dict) else {}
+    call_id = str(payload.get("call_id") or activity.activity_id.rsplit("-", 1)[0])
+    tool = str(payload.get("tool") or activity.activity_type.rsplit(".", 1)[-1])
+    args = payload.get("args") if isinstance(payload.get("args"), dict) else None
+    call = TraceCall(call_id=call_id, tool=tool, args=args, status="running", activity_type=activity.activity_type,
+                     activity_id=activity.activity_id, local=activity.local, scheduled_at=activity.scheduled_at,
+                     finished_at=activity.finished_at, attempts=activity.attempts, last_failure=activity.last_failure,
+                     duration_s=_seconds_between(activity.scheduled_at, activity.finished_at))
+    if activity.closed == "completed":
+        call.status, call.result = "ok", preview(activity.result, _PREVIEW)
+    elif activity.closed in ("failed", "timed_out"):
+        call.status, call.error = "error", preview(activity.failure or "failed", _PREVIEW)
+    elif activity.closed == "cancelled" or activity.cancel_requested:
+        call.status, call.error = "cancelled", "cancelled: the program ended before this call finished"
+    elif not open_run:
+        call.status, call.error = "cancelled", "the run ended before this call finished; the tool may have run"
+        call.duration_s = None
+    return call
+
+
+def _returns(messages: Sequence[ModelMessage]) -> dict[str, ToolReturnPart]:
+    """The tool returns of the last request of a conversation, by tool call id."""
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            return {p.tool_call_id: p for p in message.parts if isinstance(p, ToolReturnPart)}
+    return {}
+
+
+def _outcome_from_return(part: ToolReturnPart) -> Any:
+    if part.outcome == "retried":
+        return "rejected"
+    if isinstance(part.content, dict) and "error" in part.content:
+        return "error"
+    return "ok"
+
+
+def _from_summary_call(record: CallRecord) -> TraceCall:
+    try:
+        args = json.loads(record.args)
+    except ValueError:
+        args = None
+    ok = record.status == "ok"
+    return TraceCall(call_id=record.call_id, tool=record.tool, args=args if isinstance(args, dict) else None,
+                     status=record.status, result=record.result if ok else None, error=None if ok else record.result,
+                     scheduled_at=record.started_at, finished_at=record.finished_at,
+                     duration_s=_seconds_between(record.started_at, record.finished_at))
+
+
+def _from_summary_turn(record: TurnRecord) -> TraceTurn:
+    return TraceTurn(
+        index=record.index, run=-1, status="ok", text=record.text,
+        snippets=[TraceSnippet(call_id=s.call_id, code=s.code, outcome=s.outcome, result=s.result,
+                               calls=[_from_summary_call(c) for c in s.calls]) for s in record.snippets],
+        direct_calls=[_from_summary_call(c) for c in record.direct_calls],
+    )
+
+
+def _call_order(call: TraceCall) -> tuple[int, str]:
+    tail = call.call_id.rsplit(".", 1)[-1]
+    return (int(tail), call.call_id) if tail.isdigit() else (-1, call.call_id)
+
+
+class _Assembler:
+    """Builds the trace's turns from the runs read, in order; later runs' summaries fill in what ended a run."""
+
+    def __init__(self, runs: list[RecordedRun], capture: dict[str, ReplayCapture]) -> None:
+        self.runs = runs
+        self.capture = capture
+        self.turns: list[TraceTurn] = []
+
+    def summary_of(self, run_index: int) -> list[TurnRecord]:
+        """The turn records the run at `run_index` ended with (its result, or the next run's continuation)."""
+        parsed = self.runs[run_index]
+        if parsed.result is not None:
+            return parsed.result.turns
+        if parsed.next_input is not None and parsed.next_input.continuation is not None:
+            return parsed.next_input.continuation.turns
+        return []
+
+    def build(self) -> list[TraceTurn]:
+        first = self.runs[0].input.continuation
+        if first is not None:
+            self.turns += [_from_summary_turn(t) for t in first.turns]
+        for i, parsed in enumerate(self.runs):
+            self.run_turns(i, parsed)
+        return self.turns
+
+    def run_turns(self, run_index: int, parsed: RecordedRun) -> None:
+        open_run = parsed.run.status == "running"
+        capture = self.capture.get(parsed.run.run_id)
+        recorded = {t.index: t for t in self.summary_of(run_index)}
+        requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
+        tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY,)]
+        calls = [_call_of(a, open_run) for a in tools]
+        base = len(parsed.input.continuation.turns) if parsed.input.continuation else 0
+        for k, request in enumerate(requests):
+            index = base + k
+            if request.summary and request.summary.startswith("model turn "):
+                tail = request.summary.removeprefix("model turn ")
+                index = int(tail) if tail.isdigit() else index
+            turn = TraceTurn(index=index, run=run_index, status="running", requested_at=request.scheduled_at,
+                             responded_at=request.finished_at, attempts=request.attempts,
+                             duration_s=_seconds_between(request.scheduled_at, request.finished_at))
+            self.turns.append(turn)
+            if request.closed in ("failed", "timed_out"):
+                turn.status, turn.error = "error", request.failure
+                continue
+            response = request.result
+            if not isinstance(response, ModelResponse):
+                if not open_run:
+                    turn.status, turn.error = "error", "the run ended before the model answered"
+                continue
+            turn.status = "ok"
+            turn.model_name = response.model_name
+            turn.input_tokens, turn.output_tokens = response.usage.input_tokens, response.usage.output_tokens
+            turn.text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
+            nxt = requests[k + 1].input if k + 1 < len(requests) else None
+            if isinstance(nxt, ModelRequestInput):
+                returns = _returns(nxt.messages)
+            elif parsed.next_input is not None:
+                returns = _returns(parsed.next_input.message_history)
+            else:
+                returns = {}
+            summary = recorded.get(index)
+            for part in response.parts:
+                if not isinstance(part, ToolCallPart):
+                    continue
+                if part.tool_name == RUN_CODE_TOOL:
+                    turn.snippets.append(self.snippet(part, calls, returns, summary, open_run, capture))
+                else:
+                    turn.direct_calls.append(self.direct(part, calls, returns))
+
+    def snippet(self, part: ToolCallPart, calls: list[TraceCall], returns: dict[str, ToolReturnPart],
+                summary: TurnRecord | None, open_run: bool, capture: ReplayCapture | None) -> TraceSnippet:
+        try:
+            args = part.args_as_dict()
+        except ValueError:
+            args = {}
+        snippet = TraceSnippet(call_id=part.tool_call_id, code=str(args.get("code", "")),
+                               restart=bool(args.get("restart", False)), outcome="unknown")
+        prefix = part.tool_call_id + "."
+        snippet.calls = sorted((c for c in calls if c.call_id.startswith(prefix)
+                                and c.call_id[len(prefix):].isdigit()), key=_call_order)
+        returned = returns.get(part.tool_call_id)
+        record = next((s for s in summary.snippets if s.call_id == part.tool_call_id), None) if summary else None
+        replayed = next((s for s in reversed(capture.snippets) if s.call_id == part.tool_call_id), None) \
+            if capture else None
+        if record is not None:
+            snippet.outcome, snippet.result = record.outcome, record.result
+            # Denied and cancelled calls that never reached Temporal are only in the run's own summary.
+            known = {c.call_id: c for c in snippet.calls}
+            for summarized in record.calls:
+                call = known.get(summarized.call_id)
+                if call is not None and call.args is None:  # a local activity: its marker has no input
+                    call.args = _from_summary_call(summarized).args
+            snippet.calls += [_from_summary_call(c) for c in record.calls if c.call_id not in known]
+            snippet.calls.sort(key=_call_order)
+        elif returned is not None:
+            snippet.outcome, snippet.result = _outcome_from_return(returned), preview(returned.content, _PREVIEW)
+        elif replayed is not None and replayed.outcome is not None:
+            snippet.outcome, snippet.result = replayed.outcome, preview(replayed.content, _PREVIEW)  # type: ignore[assignment]
+        elif open_run:
+            snippet.outcome = "running"
+        return snippet
+
+    @staticmethod
+    def direct(part: ToolCallPart, calls: list[TraceCall], returns: dict[str, ToolReturnPart]) -> TraceCall:
+        found = next((c for c in calls if c.call_id == part.tool_call_id), None)
+        if found is not None:
+            return found
+        try:
+            args: dict[str, Any] | None = part.args_as_dict()
+        except ValueError:
+            args = None
+        returned = returns.get(part.tool_call_id)
+        return TraceCall(call_id=part.tool_call_id, tool=part.tool_name, args=args, status="error",
+                         error=preview(returned.content, _PREVIEW) if returned else "the tool was not called")
+
+
+def _approval_of(record: ApprovalRecord) -> TraceApproval:
+    return TraceApproval(call_id=record.call_id, tool=record.tool, args=record.args,
+                         state="approved" if record.approved else "denied", via=record.via, approver=record.approver,
+                         note=record.note, requested_at=record.requested_at, decided_at=record.decided_at)
+
+
+def _pending_of(pending: PendingApproval) -> TraceApproval:
+    return TraceApproval(call_id=pending.call_id, tool=pending.tool, args=pending.args, state="pending",
+                         requested_at=pending.requested_at, expires_at=pending.expires_at, line=pending.line)
+
+
+def _approvals(runs: list[RecordedRun], capture: dict[str, ReplayCapture],
+               pending: Sequence[PendingApproval] | None) -> list[TraceApproval]:
+    """The decisions of the chain, then what the last run waits for.
+
+    Records come from the most complete source: the result's audit trail, the next run's continuation, what a
+    replay rebuilt, the `decide` updates' outcomes; a signal's decision is used only when nothing recorded it.
+    """
+    records: dict[str, ApprovalRecord] = {}
+    last = runs[-1]
+    replayed = capture.get(last.run.run_id)
+    for source in (
+        *(r.records for r in runs),
+        replayed.audit if replayed and replayed.watched else [],
+        last.next_input.continuation.approvals if last.next_input and last.next_input.continuation else [],
+        last.result.approvals if last.result else [],
+    ):
+        for record in source:
+            records[record.call_id] = record
+    approvals = [_approval_of(r) for r in records.values()]
+    if not (replayed and replayed.watched) and last.result is None:
+        for name, decision in (s for r in runs for s in r.signals):
+            if decision.call_id not in records:
+                approvals.append(TraceApproval(call_id=decision.call_id, tool="?", args=None,
+                                               state="approved" if name == APPROVE_SIGNAL else "denied",
+                                               via="signal", approver=decision.approver, note=decision.note))
+    if last.run.status == "running":
+        waiting = pending if pending is not None else (replayed.pending if replayed and replayed.watched else [])
+        approvals += [_pending_of(p) for p in waiting if p.call_id not in records]
+    return approvals
+
+
+def _attach(trace: RunTrace, capture: dict[str, ReplayCapture]) -> None:
+    """Put lines, local calls' arguments and approvals on the calls; add denied and pending calls to snippets."""
+    sites = {cid: c for cap in capture.values() for cid, c in cap.calls.items()}
+    snippets = {s.call_id: s for s in trace.snippets}
+    for made in [*trace.nested_calls, *trace.direct_calls]:
+        site = sites.get(made.call_id)
+        if site is not None:
+            made.line = made.line or (site.line or None)
+            if made.args is None:
+                made.args = site.args
+    for approval in trace.approvals:
+        call = trace.call(approval.call_id)
+        site = sites.get(approval.call_id)
+        if approval.line is None and site is not None and site.line:
+            approval.line = site.line
+        if call is None:
+            parent = snippets.get(approval.call_id.rsplit(".", 1)[0])
+            if parent is None or approval.state == "approved":
+                continue
+            status: CallStatus = "pending" if approval.state == "pending" else "denied"
+            call = TraceCall(call_id=approval.call_id, tool=approval.tool, args=approval.args, status=status,
+                             line=approval.line, scheduled_at=approval.requested_at)
+            parent.calls.append(call)
+            parent.calls.sort(key=_call_order)
+        elif approval.state == "denied":
+            call.status = "denied"
+        call.approval = approval
+        if call.line is None:
+            call.line = approval.line
+
+
+def parse_histories(
+    histories: Sequence[WorkflowHistory],
+    *,
+    captures: Sequence[ReplayCapture] = (),
+    pending: Sequence[PendingApproval] | None = None,
+) -> RunTrace:
+    """The trace of a run from its histories (one run, or a chain first to last), without replaying them.
+
+    Args:
+        histories: The runs' histories, first to last.
+        captures: What replays of those histories saw (`replay_history`), for lines, pending approvals and
+            local calls' arguments; without them, those are missing from the trace.
+        pending: The pending approvals as a live query answered them, preferred over a replay's.
+
+    Raises:
+        CodeModeUserError: no history, or one that is not of a durable-codemode run.
+
+    """
+    if not histories:
+        raise CodeModeUserError("no history to read")
+    runs = []
+    for history in histories:
+        kind = history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+        if kind != WORKFLOW_TYPE:
+            raise CodeModeUserError(f"run {history.workflow_id!r} is a {kind!r} workflow, not a durable-codemode run")
+        runs.append(read_run(history))
+    by_run = {c.run_id: c for c in captures if c.run_id}
+    turns = _Assembler(runs, by_run).build()
+    last = runs[-1]
+    spec = next((r.spec for r in runs if r.spec is not None), None)
+    cont: Continuation | None = last.input.continuation
+    trace = RunTrace(
+        workflow_id=histories[0].workflow_id,
+        agent=spec.agent if spec else (cont.spec.agent if cont else last.input.agent),
+        status=last.run.status,
+        runs=[r.run for r in runs],
+        turns=turns,
+        approvals=_approvals(runs, by_run, pending),
+        output=last.result.output if last.result else None,
+        failure=last.run.failure,
+        limits=spec.limits if spec else None,
+    )
+    _attach(trace, by_run)
+    return trace
+
+
+async def trace_histories(
+    histories: Sequence[WorkflowHistory],
+    *,
+    replay: bool = True,
+    pending: Sequence[PendingApproval] | None = None,
+    runtime: Runtime | None = None,
+) -> RunTrace:
+    """The trace of a run from its histories, completed by an offline replay of each (see the module docstring).
+
+    A replay that fails leaves the trace as the history alone tells it, with a note saying what is missing.
+    """
+    captures: list[ReplayCapture] = []
+    notes: list[str] = []
+    if replay:
+        for history in histories:
+            capture = await replay_history(history, runtime=runtime)
+            captures.append(capture)
+            if capture.failure is not None:
+                why = failure_message(capture.failure)
+                why = ("it needs the agents' approval rules: pass --worker MODULE" if _RULE_UNKNOWN in why
+                       else f"`codemode replay` explains: {preview(why, 160)}")
+                notes.append(f"run {history.run_id} does not replay ({why}), so call lines, local calls' "
+                             "arguments and pending approvals may be missing")
+    trace = parse_histories(histories, captures=captures, pending=pending)
+    trace.notes += notes
+    return trace
+
+
+async def _live_pending(client: Client, workflow_id: str) -> list[PendingApproval] | None:
+    from ._workflow import CodeModeRunWorkflow
+
+    handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, workflow_id)
+    try:
+        return await handle.query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timedelta(seconds=3))
+    except Exception:  # no worker answering: the trace says the approvals are unknown instead
+        return None
+
+
+async def _attempts_in_flight(client: Client, workflow_id: str, trace: RunTrace) -> None:
+    """Running calls' attempt counts and last failures: the server knows them before the history does."""
+    try:
+        description = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError:
+        return
+    by_id = {c.activity_id: c for c in [*trace.nested_calls, *trace.direct_calls] if c.activity_id}
+    for pending in description.raw_description.pending_activities:
+        call = by_id.get(pending.activity_id)
+        if call is not None and call.status == "running":
+            call.attempts = pending.attempt
+            if pending.HasField("last_failure"):
+                call.last_failure = failure_text(pending.last_failure)
+
+
+async def trace_run(client: Client, workflow_id: str, *, replay: bool = True,
+                    runtime: Runtime | None = None) -> RunTrace:
+    """The trace of run `workflow_id` (its whole chain) from the server.
+
+    A running run's in-flight calls get their attempts from the server; its pending approvals come from the
+    offline replay, or, when that cannot run (an approval rule this process does not know), from the run's
+    `pending_approvals` query.
+
+    Raises:
+        RunNotFoundError: no such run.
+
+    """
+    histories = await fetch_chain(client, workflow_id)
+    trace = await trace_histories(histories, replay=replay, runtime=runtime)
+    if trace.status == "running":
+        await _attempts_in_flight(client, workflow_id, trace)
+        if trace.notes or not replay:
+            live = await _live_pending(client, workflow_id)
+            if live is not None:
+                trace = parse_histories(histories, pending=live)
+                await _attempts_in_flight(client, workflow_id, trace)
+                trace.notes.append("pending approvals from the run's pending_approvals query")
+    return trace

@@ -1,0 +1,713 @@
+"""Replay runs offline and, when one diverges, say where and why in the terms of the run.
+
+Temporal's replayer reports a divergence as core's one-liner about an activity id or a state machine. This module
+turns it into what a person acts on: the model turn, the `run_code` snippet, the source line and the nested
+call; the recorded call against the replayed one (tool and arguments: the digest in a call's activity id makes
+changed arguments a loud mismatch, and the replayed side's arguments are read off the replay itself); or the
+recorded event against the replayed command for other divergences; and the likely cause with what to do.
+
+Replays use what the run recorded (the agent spec with its tools, stubs and limits), never the worker's current
+configuration, so a deploy that changes an agent's limits does not change how old runs replay: that is by
+design. What can change a replay is the workflow code (this library's version), the Monty runtime, an approval
+rule, or the machine's speed against the wall-time limits.
+
+Two divergences are expected and reported as such, not as failures: a run whose snippet crashed the sandbox
+(the crash does not happen again on replay, so the replay goes on where the run continued as new) and a run
+whose snippet hit its wall-time limit but finishes within it on a faster replay. Both ended that same workflow
+task by continue-as-new, so no open run ever replays them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from temporalio.client import Client, WorkflowExecution, WorkflowHistory
+from temporalio.runtime import Runtime
+
+from ._agent import CodeModeAgent, serve
+from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
+from ._config import SnippetLimits
+from ._errors import CodeModeUserError
+from ._history import (
+    _RULE_UNKNOWN,
+    RecordedActivity,
+    RecordedRun,
+    fetch_chain,
+    fetch_history,
+    parse_histories,
+    read_run,
+)
+from ._names import MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
+from ._results import preview
+from ._trace import RunTrace, TraceSnippet
+
+__all__ = [
+    "CallSide",
+    "Cause",
+    "Divergence",
+    "ReplayReport",
+    "RunReplay",
+    "load_agents",
+    "register_agents",
+    "render_replay",
+    "render_replay_table",
+    "replay_histories",
+    "replay_recent",
+    "replay_run",
+]
+
+Cause = Literal[
+    "tool_renamed", "arguments_changed", "call_order_changed", "other_tool_called", "sandbox_limits",
+    "compute_limit_on_replay", "snippet_ended_early", "extra_call", "sandbox_crashed", "compute_limit_not_hit",
+    "approval_rule_unknown", "non_deterministic", "other",
+]
+
+_EXPECTED: frozenset[str] = frozenset({"sandbox_crashed", "compute_limit_not_hit"})
+
+_ID_MISMATCH = re.compile(r"Activity id of scheduled event '(?P<recorded>[^']*)' does not match activity id of "
+                          r"activity command '(?P<replayed>[^']*)'")
+_TYPE_MISMATCH = re.compile(r"Activity type of scheduled event '(?P<recorded>[^']*)' does not match activity type "
+                            r"of activity command '(?P<replayed>[^']*)'")
+_MACHINE = re.compile(r"(?P<machine>[A-Za-z ]+?) machine does not handle this event: "
+                      r"HistoryEvent\(id: (?P<event>\d+), (?P<kind>\w+)\)")
+_EVENT = re.compile(r"HistoryEvent\(id: (?P<event>\d+)")
+_LIMIT_WORDS = ("tool call limit reached", "MemoryError", "RecursionError", "time limit exceeded", "compute budget")
+"""Words in a snippet's result that mean a sandbox limit stopped it."""
+
+
+
+@dataclass(kw_only=True)
+class CallSide:
+    """One side of a divergence: the recorded event or the replayed command."""
+
+    what: str
+    """In words: `get(i=1)`, `model request (turn 1)`, `a timer (sleep)`, `continue-as-new (compute_limit)`."""
+    call_id: str | None = None
+    tool: str | None = None
+    args: dict[str, Any] | None = None
+    activity_type: str | None = None
+    activity_id: str | None = None
+    event_id: int | None = None
+
+
+@dataclass(kw_only=True)
+class Divergence:
+    """Where a replay left the recorded history, and the likely cause."""
+
+    cause: Cause
+    explanation: str
+    """The likely cause in words, and what to do about it."""
+    message: str
+    """Temporal's own message (core's `TMPRL1100 ...`, or the workflow task's error)."""
+    turn: int | None = None
+    snippet: str | None = None
+    line: int | None = None
+    line_guessed: bool = False
+    """The line was found by searching the code for the tool's name (the replay did not reach the call)."""
+    source_line: str | None = None
+    call_id: str | None = None
+    recorded: CallSide | None = None
+    replayed: CallSide | None = None
+    recorded_result: str | None = None
+    """What the snippet returned when it ran (when the replay took another path through it)."""
+    replayed_result: str | None = None
+    """What the snippet returned on replay."""
+
+    @property
+    def expected(self) -> bool:
+        """A divergence that is a known consequence of how the run ended, not of a change (module docstring)."""
+        return self.cause in _EXPECTED
+
+
+@dataclass(kw_only=True)
+class RunReplay:
+    """The replay of one workflow run."""
+
+    workflow_id: str
+    run_id: str
+    agent: str | None = None
+    status: str = ""
+    """The run's status in its history (`running`, `completed`, ...)."""
+    model_turns: int = 0
+    snippets: int = 0
+    nested_calls: int = 0
+    direct_calls: int = 0
+    limits: SnippetLimits | None = None
+    divergence: Divergence | None = None
+
+    @property
+    def verdict(self) -> Literal["ok", "expected", "diverged", "not_replayed"]:
+        """`not_replayed`: the replay could not run this far for want of something (the agents' approval rules)."""
+        if self.divergence is None:
+            return "ok"
+        if self.divergence.cause == "approval_rule_unknown":
+            return "not_replayed"
+        return "expected" if self.divergence.expected else "diverged"
+
+
+@dataclass(kw_only=True)
+class ReplayReport:
+    """The replay of a run: every run of its chain that was given."""
+
+    workflow_id: str
+    runs: list[RunReplay] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every run replayed, and none diverged other than in the expected ways."""
+        return all(r.verdict in ("ok", "expected") for r in self.runs)
+
+    @property
+    def needs_agents(self) -> bool:
+        """Some run could not be replayed without the agents' approval rules (`--worker MODULE`)."""
+        return any(r.verdict == "not_replayed" for r in self.runs)
+
+    @property
+    def model_turns(self) -> int:
+        return sum(r.model_turns for r in self.runs)
+
+    @property
+    def snippets(self) -> int:
+        return sum(r.snippets for r in self.runs)
+
+    @property
+    def nested_calls(self) -> int:
+        return sum(r.nested_calls for r in self.runs)
+
+    @property
+    def divergences(self) -> list[Divergence]:
+        return [r.divergence for r in self.runs if r.divergence is not None]
+
+
+# -- agents for approval rules -------------------------------------------------------------------------------
+
+
+def register_agents(agents: Iterable[CodeModeAgent]) -> list[str]:
+    """Make `agents` known to workflow code in this process, as `create_worker` does for a worker.
+
+    A replay needs this only for agents with an `approval_rule`: the rule decides, on replay as when the run ran,
+    whether a call waits for a person. Returns the agents' names.
+    """
+    names = []
+    for agent in agents:
+        serve(agent)
+        names.append(agent.name)
+    return names
+
+
+def load_agents(module_name: str) -> list[str]:
+    """Import `module_name` (what `--worker MODULE` names) and register the agents it defines.
+
+    The agents are its `agents()` function's result if it has one (the bundled `workflows.cart` does), else its
+    module-level `CodeModeAgent` values; a module may also call `register_agents` itself. The current directory is
+    importable, as it is for `python worker.py`.
+
+    Raises:
+        CodeModeUserError: the module cannot be imported, or defines no agent.
+
+    """
+    from . import _agent
+
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    before = set(_agent._SERVED)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise CodeModeUserError(f"cannot import worker module {module_name!r}: {type(e).__name__}: {e}") from e
+    found: list[CodeModeAgent] = []
+    factory = getattr(module, "agents", None)
+    if callable(factory):
+        found = [a for a in factory() if isinstance(a, CodeModeAgent)]
+    else:
+        found = [v for v in vars(module).values() if isinstance(v, CodeModeAgent)]
+    names = register_agents(found)
+    names += sorted(set(_agent._SERVED) - before - set(names))
+    if not names:
+        raise CodeModeUserError(
+            f"worker module {module_name!r} defines no CodeModeAgent: give it an `agents()` function returning "
+            "them, module-level agents, or call durable_codemode.debugging.register_agents(...) in it"
+        )
+    return names
+
+
+# -- analysis ------------------------------------------------------------------------------------------------
+
+
+def _nested(call_id: str | None) -> bool:
+    return bool(call_id) and "." in str(call_id) and str(call_id).rsplit(".", 1)[1].isdigit()
+
+
+def _args_text(args: dict[str, Any] | None) -> str:
+    if args is None:
+        return "…"
+    return ", ".join(f"{k}={preview(json.dumps(v, ensure_ascii=False, default=repr), 60)}" for k, v in args.items())
+
+
+def _recorded_side(activity: RecordedActivity, trace: RunTrace) -> CallSide:
+    if activity.activity_type == MODEL_REQUEST_ACTIVITY:
+        index = activity.summary.removeprefix("model turn ") if activity.summary else "?"
+        return CallSide(what=f"model request (turn {index})", activity_type=activity.activity_type,
+                        activity_id=activity.activity_id, event_id=activity.event_id)
+    payload = activity.input if isinstance(activity.input, dict) else {}
+    call_id = str(payload.get("call_id") or activity.activity_id.rsplit("-", 1)[0])
+    tool = str(payload.get("tool") or activity.activity_type.rsplit(".", 1)[-1])
+    args = payload.get("args") if isinstance(payload.get("args"), dict) else None
+    if args is None and activity.local:
+        call = trace.call(call_id)
+        args = call.args if call else None
+    # The activity type is what a renamed tool changes; show the tool the type names, not the input's field.
+    tool = activity.activity_type.rsplit(".", 1)[-1] if "." in activity.activity_type else tool
+    return CallSide(what=f"{tool}({_args_text(args)})", call_id=call_id, tool=tool, args=args,
+                    activity_type=activity.activity_type, activity_id=activity.activity_id,
+                    event_id=activity.event_id)
+
+
+def _replayed_side(command: ReplayedCommand, capture: ReplayCapture) -> CallSide:
+    if command.kind == "continue_as_new":
+        note = getattr(getattr(command.input, "continuation", None), "note", None)
+        return CallSide(what=f"continue-as-new ({note or 'snippet cap'})")
+    if command.activity_type == MODEL_REQUEST_ACTIVITY:
+        turns = sum(1 for c in capture.commands[: capture.commands.index(command)]
+                    if c.activity_type == MODEL_REQUEST_ACTIVITY)
+        messages = getattr(command.input, "messages", None)
+        index = sum(1 for m in messages if getattr(m, "kind", "") == "response") if messages else turns
+        return CallSide(what=f"model request (turn {index})", activity_type=command.activity_type,
+                        activity_id=command.effective_id)
+    payload = command.input
+    call_id = getattr(payload, "call_id", None)
+    tool = getattr(payload, "tool", None) or (command.activity_type or "").rsplit(".", 1)[-1]
+    args = getattr(payload, "args", None)
+    return CallSide(what=f"{tool}({_args_text(args)})", call_id=call_id, tool=tool, args=args,
+                    activity_type=command.activity_type, activity_id=command.effective_id)
+
+
+def _event_side(history: WorkflowHistory, event_id: int, recorded: RecordedRun, trace: RunTrace) -> CallSide:
+    activity = next((a for a in recorded.activities if a.event_id == event_id), None)
+    if activity is not None:
+        return _recorded_side(activity, trace)
+    event = next((e for e in history.events if e.event_id == event_id), None)
+    kind = event.WhichOneof("attributes") if event is not None else None
+    name = (kind or "event").removesuffix("_event_attributes").replace("_", " ")
+    if kind == "workflow_execution_continued_as_new_event_attributes":
+        reason = recorded.run.continue_reason or "snippet cap"
+        return CallSide(what=f"continue-as-new ({reason})", event_id=event_id)
+    if kind == "timer_started_event_attributes":
+        return CallSide(what="a timer (a sleep, or an approval timeout)", event_id=event_id)
+    return CallSide(what=f"{name} (event {event_id})", event_id=event_id)
+
+
+def _machine_side(machine: str, capture: ReplayCapture, position: int) -> CallSide:
+    machine = machine.strip().lower()
+    if machine.startswith("continue as new"):
+        command = next((c for c in reversed(capture.commands) if c.kind == "continue_as_new"), None)
+        if command is not None:
+            return _replayed_side(command, capture)
+        return CallSide(what="continue-as-new")
+    if machine.startswith("timer"):
+        return CallSide(what="a timer (a sleep, or an approval timeout)")
+    if machine.startswith("activity") or machine.startswith("local activity"):
+        kind = "local_activity" if machine.startswith("local") else "activity"
+        commands = [c for c in capture.commands if c.kind == kind]
+        if position < len(commands):
+            return _replayed_side(commands[position], capture)
+        return CallSide(what="an activity")
+    if machine.startswith("complete workflow"):
+        return CallSide(what="the run completing")
+    if machine.startswith("fail workflow"):
+        return CallSide(what="the run failing")
+    return CallSide(what=f"a {machine} command")
+
+
+def _guess_line(code: str, tool: str | None, *, start: int = 1) -> int | None:
+    if not tool:
+        return None
+    pattern = re.compile(rf"\b{re.escape(tool)}\s*\(")
+    found = [n for n, text in enumerate(code.splitlines(), 1) if pattern.search(text)]
+    return next((n for n in found if n >= start), found[0] if found else None)
+
+
+_FRAME = re.compile(r'File "<python-input-(?P<input>\d+)>", line (?P<line>\d+)')
+
+
+def _traceback_line(snippet: ReplayedSnippet | None) -> int | None:
+    """The line a replayed snippet raised at: the innermost frame of its own code (the newest REPL input)."""
+    content = snippet.content if snippet is not None else None
+    traceback = content.get("traceback") if isinstance(content, dict) else None
+    if not isinstance(traceback, str):
+        return None
+    frames = [(int(m["input"]), int(m["line"])) for m in _FRAME.finditer(traceback)]
+    if not frames:
+        return None
+    newest = max(i for i, _ in frames)
+    return [line for i, line in frames if i == newest][-1]
+
+
+def _limit_hit(text: str | None) -> bool:
+    return bool(text) and any(word in str(text) for word in _LIMIT_WORDS)
+
+
+def _locate(div: Divergence, trace: RunTrace, capture: ReplayCapture) -> None:
+    """Fill in the turn, snippet, line and source line from the call ids and what the replay ran last."""
+    call_id = next((s.call_id for s in (div.recorded, div.replayed) if s is not None and _nested(s.call_id)), None)
+    snippet: TraceSnippet | None = None
+    if call_id is not None:
+        div.call_id = call_id
+        parent = call_id.rsplit(".", 1)[0]
+        snippet = next((s for s in trace.snippets if s.call_id == parent), None)
+    if snippet is None and capture.snippets:
+        snippet = next((s for s in reversed(trace.snippets) if s.call_id == capture.snippets[-1].call_id), None)
+    if snippet is None and div.recorded is not None and div.recorded.what.startswith("continue-as-new"):
+        snippet = trace.snippets[-1] if trace.snippets else None
+    if snippet is None:
+        return
+    div.snippet = snippet.call_id
+    div.turn = next((t.index for t in trace.turns if snippet in t.snippets), None)
+    replayed = capture.calls.get(div.call_id or "")
+    replayed_snippet = next((s for s in reversed(capture.snippets) if s.call_id == snippet.call_id), None)
+    div.recorded_result = snippet.result
+    if replayed_snippet is not None and replayed_snippet.outcome is not None:
+        div.replayed_result = preview(replayed_snippet.content)
+    if replayed is not None and replayed.line:
+        div.line = replayed.line
+    elif (line := _traceback_line(replayed_snippet)) is not None:
+        div.line = line  # where the replayed program stopped instead of making the call
+    elif div.call_id is not None:
+        recorded_tool = div.recorded.tool if div.recorded else None
+        # Search from the snippet's last replayed call on: a tool called on several lines is then found where the
+        # program had got to, not at its first use.
+        made = [c.line for c in capture.calls.values() if c.call_id.rsplit(".", 1)[0] == snippet.call_id and c.line]
+        div.line, div.line_guessed = _guess_line(snippet.code, recorded_tool, start=max(made, default=1)), True
+    lines = snippet.code.splitlines()
+    if div.line and 0 < div.line <= len(lines):
+        div.source_line = lines[div.line - 1].rstrip()
+
+
+def _explain(div: Divergence, recorded: RecordedRun) -> None:
+    """Decide the likely cause from the two sides, and say what to do."""
+    rec, rep = div.recorded, div.replayed
+    rec_call = rec is not None and (_nested(rec.call_id) or rec.tool is not None)
+    rep_call = rep is not None and (_nested(rep.call_id) or rep.tool is not None)
+    limits = recorded.spec.limits if recorded.spec else None
+    recorded_limits = (f" (the run's recorded limits: max_tool_calls={limits.max_tool_calls}, max_memory_bytes="
+                       f"{limits.max_memory_bytes}, max_recursion_depth={limits.max_recursion_depth}, "
+                       f"max_turn_seconds={limits.max_turn_seconds}, max_feed_seconds={limits.max_feed_seconds})"
+                       if limits else "")
+    reason = recorded.run.continue_reason
+    if rec is not None and rec.what.startswith("continue-as-new") and reason == "sandbox_crashed":
+        div.cause = "sandbox_crashed"
+        div.explanation = (
+            "expected: this run's snippet crashed the sandbox and the run continued as new in that workflow task. "
+            "A crash does not happen again on replay, so the replay carries on past it. The open run never replays "
+            "this task, and the next run of the chain replays on its own."
+        )
+    elif rec is not None and rec.what.startswith("continue-as-new") and reason == "compute_limit":
+        div.cause = "compute_limit_not_hit"
+        div.explanation = (
+            "expected: this run's snippet went over its wall-time limit when it ran, but finished within it on this "
+            f"replay (a faster or idler machine){recorded_limits}. Wall-time limits are not replay-safe, which is why "
+            "the run ended that task by continue-as-new: no open run replays it."
+        )
+    elif rep is not None and rep.what.startswith("continue-as-new (compute_limit"):
+        div.cause = "compute_limit_on_replay"
+        div.explanation = (
+            f"the snippet went over its wall-time limit on this replay but not when it ran{recorded_limits}: this "
+            "machine is slower or busier than the worker was. Replay again on an idle machine; if it keeps "
+            "happening, the snippet runs close to its limit (give later runs more time with SnippetLimits)."
+        )
+    elif rec_call and rep_call and rec is not None and rep is not None:
+        if rec.call_id != rep.call_id:
+            div.cause = "call_order_changed"
+            div.explanation = (
+                f"the replayed program made its calls in another order ({rep.call_id} is {rep.what} on replay, "
+                f"{rec.call_id} was {rec.what}): non-deterministic code (something that differs between runs, "
+                "such as an unsorted set or a value read outside the tools), or a change in the runtime."
+            )
+        elif rec.activity_type != rep.activity_type and recorded.spec is not None and any(
+                t.activity_type == rec.activity_type for t in recorded.spec.tools):
+            div.cause = "other_tool_called"
+            div.explanation = (
+                f"the replayed program calls {rep.what} as call {rep.call_id}, where the run called {rec.what} (both "
+                "are tools of the agent): the program took another path through its code. Non-deterministic code "
+                "(something that differs between runs), or a change in the runtime."
+            )
+        elif rec.activity_type != rep.activity_type:
+            div.cause = "tool_renamed"
+            div.explanation = (
+                f"tool renamed: call {rec.call_id} went to activity type {rec.activity_type!r} when it ran; the "
+                f"replay calls {rep.activity_type!r}. Runs started before a rename replay only where the old tool "
+                "name is still served: keep the old name (an alias) until those runs are done, or let them finish "
+                "on the old worker."
+            )
+        else:
+            div.cause = "arguments_changed"
+            div.explanation = (
+                f"arguments changed: call {rec.call_id} is {rep.what} on replay, but was {rec.what} when it ran "
+                "(same tool; the argument digest in the activity id differs). The snippet's code is recorded, so "
+                "the program computed other arguments: non-deterministic code, a tool result read differently, or "
+                "a change in the runtime that converts arguments."
+            )
+    elif rec_call and rec is not None:
+        replayed_result = div.replayed_result
+        if _limit_hit(replayed_result):
+            div.cause = "sandbox_limits"
+            div.explanation = (
+                f"a sandbox limit stopped the replayed program before call {rec.call_id} ({rec.what}), which the "
+                f"run made{recorded_limits}. Replays use the recorded limits, so the runtime now enforces them "
+                "differently (a Monty or durable-codemode upgrade that counts calls, memory or recursion "
+                "differently), or the recorded limits were edited."
+            )
+        else:
+            div.cause = "snippet_ended_early"
+            div.explanation = (
+                f"the replayed program stopped before call {rec.call_id} ({rec.what}) and did "
+                f"{rep.what if rep else 'something else'} instead: non-deterministic code or a runtime change."
+            )
+    elif rep_call and rep is not None:
+        div.cause = "sandbox_limits" if _limit_hit(div.recorded_result) else "extra_call"
+        div.explanation = (
+            f"the replayed program made call {rep.call_id} ({rep.what}) where the run did "
+            f"{rec.what if rec else 'something else'}"
+            + (f"; when it ran, a sandbox limit had stopped it there{recorded_limits}" if div.cause == "sandbox_limits"
+               else ": non-deterministic code, or a runtime change")
+            + "."
+        )
+    elif rep is not None and rep.what.startswith("a timer"):
+        div.cause = "non_deterministic"
+        div.explanation = ("the replayed program waits on a timer (a sleep) where the run did "
+                           f"{rec.what if rec else '?'}: non-deterministic code, or a runtime change.")
+    else:
+        div.cause = "other"
+        div.explanation = (
+            "the workflow took another path than the recorded one: most likely a change in durable-codemode's "
+            "workflow code between the version that ran this and this one. Replay with the version that ran it."
+        )
+
+
+def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrace) -> Divergence:
+    assert capture.failure is not None
+    message = failure_message(capture.failure)
+    recorded = read_run(history)
+    div = Divergence(cause="other", explanation="", message=message)
+    if _RULE_UNKNOWN in message:
+        div.cause = "approval_rule_unknown"
+        div.explanation = (
+            "the replay needs the agent's approval rules, which live in code: pass --worker MODULE (a module that "
+            "defines the agents, e.g. the one your worker imports) or call "
+            "durable_codemode.debugging.register_agents(...) before replaying."
+        )
+        if capture.calls:
+            call = list(capture.calls.values())[-1]  # the call whose rule was looked up when the replay stopped
+            div.replayed = CallSide(what=f"{call.tool}({_args_text(call.args)})", call_id=call.call_id,
+                                    tool=call.tool, args=call.args)
+        _locate(div, trace, capture)
+        return div
+    scheduled = [a for a in recorded.activities if not a.local]
+    if found := _ID_MISMATCH.search(message):
+        rec = next((a for a in scheduled if a.activity_id == found["recorded"]), None)
+        command = capture.command_for_id(found["replayed"])
+        div.recorded = _recorded_side(rec, trace) if rec else CallSide(what=f"activity {found['recorded']}")
+        div.replayed = _replayed_side(command, capture) if command else CallSide(what=f"activity {found['replayed']}")
+    elif found := _TYPE_MISMATCH.search(message):
+        commands = [c for c in capture.commands if c.kind == "activity"]
+        pairs = list(zip(scheduled, commands, strict=False))
+        pair = next(((a, c) for a, c in pairs if a.activity_type == found["recorded"]
+                     and c.activity_type == found["replayed"]), None)
+        if pair is not None:
+            div.recorded, div.replayed = _recorded_side(pair[0], trace), _replayed_side(pair[1], capture)
+        else:
+            div.recorded = CallSide(what=f"activity type {found['recorded']}", activity_type=found["recorded"])
+            div.replayed = CallSide(what=f"activity type {found['replayed']}", activity_type=found["replayed"])
+    elif found := _MACHINE.search(message):
+        event_id = int(found["event"])
+        div.recorded = _event_side(history, event_id, recorded, trace)
+        position = sum(1 for a in scheduled if a.event_id < event_id)
+        div.replayed = _machine_side(found["machine"], capture, position)
+    elif found := _EVENT.search(message):
+        div.recorded = _event_side(history, int(found["event"]), recorded, trace)
+    _locate(div, trace, capture)
+    _explain(div, recorded)
+    if not div.explanation:
+        div.explanation = "the replay failed inside the workflow: " + message
+    return div
+
+
+async def _replay_one(history: WorkflowHistory, runtime: Runtime | None) -> RunReplay:
+    capture = await replay_history(history, runtime=runtime)
+    trace = parse_histories([history], captures=[capture])
+    run = RunReplay(workflow_id=history.workflow_id, run_id=history.run_id, agent=trace.agent, status=trace.status,
+                    model_turns=capture.model_requests, snippets=len(capture.snippets),
+                    nested_calls=capture.nested_calls, direct_calls=capture.direct_calls, limits=trace.limits)
+    if capture.failure is not None:
+        run.divergence = _divergence(history, capture, trace)
+    return run
+
+
+async def replay_histories(histories: Sequence[WorkflowHistory], *, runtime: Runtime | None = None) -> ReplayReport:
+    """Replay histories (one run, or a chain first to last) offline, without a server and without any activity.
+
+    Returns a report; it never raises for a divergence (check `report.ok`).
+
+    Raises:
+        CodeModeUserError: no history was given.
+
+    """
+    if not histories:
+        raise CodeModeUserError("no history to replay")
+    report = ReplayReport(workflow_id=histories[0].workflow_id)
+    for history in histories:
+        report.runs.append(await _replay_one(history, runtime))
+    return report
+
+
+async def replay_run(client: Client, workflow_id: str, *, runtime: Runtime | None = None) -> ReplayReport:
+    """Fetch every run of `workflow_id`'s chain from the server and replay them offline.
+
+    Raises:
+        RunNotFoundError: no such run.
+
+    """
+    return await replay_histories(await fetch_chain(client, workflow_id), runtime=runtime)
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+async def replay_recent(
+    client: Client,
+    *,
+    since: timedelta | None = timedelta(hours=24),
+    query: str | None = None,
+    limit: int = 200,
+    runtime: Runtime | None = None,
+) -> list[RunReplay]:
+    """Replay the recent runs of the server, each workflow run on its own: the check before deploying a worker.
+
+    Args:
+        client: The server's client.
+        since: Only runs started this long ago or later; `None`: all.
+        query: A visibility query ANDed with the rest, e.g. `"TaskQueue = 'cart'"` or `"ExecutionStatus =
+            'Running'"`.
+        limit: At most this many runs, newest first.
+        runtime: The Temporal runtime to replay with (the CLI passes a quiet one).
+
+    """
+    clauses = [f"WorkflowType = {_quote(WORKFLOW_TYPE)}"]
+    if since is not None:
+        start = (datetime.now(UTC) - since).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        clauses.append(f"StartTime >= {_quote(start)}")
+    if query:
+        clauses.append(f"({query})")
+    executions: list[WorkflowExecution] = [e async for e in client.list_workflows(" AND ".join(clauses), limit=limit)]
+    replays = []
+    for execution in executions:
+        history = await fetch_history(client, execution.id, run_id=execution.run_id)
+        replays.append(await _replay_one(history, runtime))
+    return replays
+
+
+# -- reports -------------------------------------------------------------------------------------------------
+
+
+def _counts(run: RunReplay) -> str:
+    def n(count: int, word: str) -> str:
+        return f"{count} {word}{'' if count == 1 else 's'}"
+
+    text = f"{n(run.model_turns, 'model turn')}, {n(run.snippets, 'snippet')}, {n(run.nested_calls, 'nested call')}"
+    if run.direct_calls:
+        text += f", {n(run.direct_calls, 'direct call')}"
+    return text
+
+
+def _where(div: Divergence) -> str:
+    parts = []
+    if div.turn is not None:
+        parts.append(f"model turn {div.turn}")
+    if div.snippet:
+        parts.append(f"snippet {div.snippet}")
+    if div.line:
+        parts.append(f"line {div.line}" + (" (found by the tool's name)" if div.line_guessed else ""))
+    if div.call_id:
+        parts.append(f"call {div.call_id}")
+    return ", ".join(parts)
+
+
+def _side(label: str, side: CallSide | None) -> str:
+    if side is None:
+        return f"  {label:<9} (nothing)"
+    where = []
+    if side.activity_type:
+        where.append(f"activity {side.activity_type}")
+    if side.activity_id:
+        where.append(f"id {side.activity_id}")
+    if side.event_id:
+        where.append(f"event {side.event_id}")
+    return f"  {label:<9} {side.what}" + (f"   [{', '.join(where)}]" if where else "")
+
+
+def render_replay(report: ReplayReport) -> str:
+    """The report as text: one line per run, then for each divergence where, what and why."""
+    lines: list[str] = []
+    total = len(report.runs)
+    for i, run in enumerate(report.runs, 1):
+        of = f" (run {i} of {total}, {run.run_id})" if total > 1 else f" ({run.run_id})"
+        if run.verdict == "ok":
+            lines.append(f"replay of {run.workflow_id}{of}: ok, {_counts(run)}, {run.status}")
+            continue
+        div = run.divergence
+        assert div is not None
+        verdict = {"expected": "expected divergence", "not_replayed": "NOT REPLAYED"}.get(run.verdict, "DIVERGED")
+        lines.append(f"replay of {run.workflow_id}{of}: {verdict}")
+        where = _where(div)
+        if where:
+            lines.append(f"  {'where':<9} {where}")
+        if div.source_line is not None and div.line:
+            lines.append(f"  {'':<9} {div.line} │ {div.source_line.strip()}")
+        if div.recorded is not None:
+            lines.append(_side("recorded", div.recorded))
+            lines.append(_side("replayed", div.replayed))
+        if div.replayed_result and div.replayed_result != div.recorded_result:
+            lines.append(f"  {'snippet':<9} returned {preview(div.recorded_result or '(nothing yet)', 150)} when it "
+                         f"ran; {preview(div.replayed_result, 150)} on replay")
+        lines.append(f"  {'cause':<9} {div.explanation}")
+        lines.append(f"  {'Temporal':<9} {preview(div.message, 400)}")
+    if report.ok:
+        runs = f"{total} run{'s' if total != 1 else ''}"
+        counts = _counts(RunReplay(workflow_id="", run_id="", model_turns=report.model_turns,
+                                   snippets=report.snippets, nested_calls=report.nested_calls))
+        lines.append(f"replayed {runs} offline with the recorded agent specs and limits; no activity ran: {counts}")
+    return "\n".join(lines)
+
+
+def render_replay_table(replays: Sequence[RunReplay]) -> str:
+    """A table of many replays (`codemode replay --all`), then the details of each divergence."""
+    if not replays:
+        return "no runs matched"
+    rows = [("run", "run id", "agent", "status", "replay")]
+    for r in replays:
+        if r.divergence is None:
+            outcome = f"ok ({_counts(r)})"
+        else:
+            label = {"expected": "expected", "not_replayed": "NOT REPLAYED"}.get(r.verdict, "DIVERGED")
+            outcome = f"{label}: {r.divergence.cause.replace('_', ' ')}" + (
+                f" at {_where(r.divergence)}" if _where(r.divergence) else "")
+        rows.append((r.workflow_id, r.run_id[:8], r.agent or "?", r.status.replace("_", "-"), outcome))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)) for row in rows]
+    diverged = [r for r in replays if r.verdict in ("diverged", "not_replayed")]
+    counts = {v: sum(1 for r in replays if r.verdict == v) for v in ("ok", "expected", "diverged", "not_replayed")}
+    lines.append(f"{len(replays)} runs: {counts['ok']} replayed cleanly, {counts['expected']} expected divergences, "
+                 f"{counts['diverged']} diverged, {counts['not_replayed']} not replayed (need --worker MODULE)")
+    for r in diverged:
+        lines.append("")
+        lines.append(render_replay(ReplayReport(workflow_id=r.workflow_id, runs=[r])))
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Recent runs of a server from Temporal's visibility store, with the state a person asks about first.
+
+Visibility knows a run's Temporal status, not whether a running run waits on a person: that is in workflow memory,
+so it is asked of each running run by the `pending_approvals` query (answered in milliseconds by a worker), with a
+short deadline and for a bounded number of runs, so a list of hundreds of runs, or a server with no worker, never
+makes the command hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+
+from ._errors import CodeModeUserError
+from ._names import WORKFLOW_TYPE
+from ._workflow import CodeModeRunWorkflow
+
+__all__ = ["RUN_STATES", "RunSummary", "list_runs"]
+
+RunState = Literal["running", "waiting for approval", "completed", "failed", "continued-as-new", "terminated",
+                   "cancelled", "timed-out"]
+
+RUN_STATES: tuple[str, ...] = ("running", "waiting", "completed", "failed", "continued-as-new", "terminated",
+                               "cancelled", "timed-out")
+"""What `codemode runs --status` accepts (`waiting`: running and waiting for an approval)."""
+
+_VISIBILITY_STATUS = {
+    "running": "Running", "waiting": "Running", "completed": "Completed", "failed": "Failed",
+    "continued-as-new": "ContinuedAsNew", "terminated": "Terminated", "cancelled": "Canceled",
+    "timed-out": "TimedOut",
+}
+
+_STATE: dict[WorkflowExecutionStatus, RunState] = {
+    WorkflowExecutionStatus.RUNNING: "running",
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "continued-as-new",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TIMED_OUT: "timed-out",
+}
+
+_QUERY_DEADLINE = timedelta(seconds=2)
+"""How long a running run's worker gets to say what it waits for."""
+
+_MAX_QUERIED = 50
+"""Running runs asked about their approvals, at most, per listing."""
+
+
+@dataclass(kw_only=True)
+class RunSummary:
+    """One workflow run as the list shows it."""
+
+    workflow_id: str
+    run_id: str
+    agent: str | None
+    state: RunState
+    started_at: datetime
+    closed_at: datetime | None
+    pending_approvals: int | None = None
+    """For running runs: calls waiting for a decision; `None` when no worker answered in time (or not asked)."""
+
+
+async def _pending(client: Client, execution: WorkflowExecution) -> int | None:
+    handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, execution.id, run_id=execution.run_id)
+    try:
+        pending = await handle.query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=_QUERY_DEADLINE)
+    except Exception:  # no worker, an old worker, a missed deadline: unknown, never fatal to the listing
+        return None
+    return len(pending)
+
+
+async def list_runs(
+    client: Client, *, agent: str | None = None, status: str | None = None, query: str | None = None,
+    limit: int = 20,
+) -> list[RunSummary]:
+    """The most recent runs, newest first.
+
+    Args:
+        client: The server's client.
+        agent: Only runs of this agent (the `agent` memo every run is started with).
+        status: One of `RUN_STATES`; `None`: any.
+        query: A visibility query ANDed with the rest, e.g. `"TaskQueue = 'cart'"`.
+        limit: At most this many runs.
+
+    Raises:
+        CodeModeUserError: an unknown status.
+
+    """
+    if status is not None and status not in _VISIBILITY_STATUS:
+        raise CodeModeUserError(f"unknown status {status!r}: use one of {', '.join(RUN_STATES)}")
+    clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
+    if status is not None:
+        clauses.append(f"ExecutionStatus = '{_VISIBILITY_STATUS[status]}'")
+    if query:
+        clauses.append(f"({query})")
+    runs: list[tuple[WorkflowExecution, RunSummary]] = []
+    # The agent is in the memo, which visibility cannot filter on: read more and filter here.
+    scan = limit * 10 if agent or status == "waiting" else limit
+    async for execution in client.list_workflows(" AND ".join(clauses), limit=scan):
+        memo = await execution.memo()
+        name = memo.get("agent") if isinstance(memo.get("agent"), str) else None
+        if agent is not None and name != agent:
+            continue
+        state = _STATE.get(execution.status or WorkflowExecutionStatus.RUNNING, "running")
+        runs.append((execution, RunSummary(workflow_id=execution.id, run_id=execution.run_id, agent=name,
+                                           state=state, started_at=execution.start_time,
+                                           closed_at=execution.close_time)))
+        if len(runs) >= (limit * 10 if status == "waiting" else limit):
+            break
+    running = [(e, s) for e, s in runs if s.state == "running"][:_MAX_QUERIED]
+    answers = await asyncio.gather(*(_pending(client, e) for e, _ in running))
+    for (_, summary), pending in zip(running, answers, strict=True):
+        summary.pending_approvals = pending
+        if pending:
+            summary.state = "waiting for approval"
+    found = [s for _, s in runs]
+    if status == "waiting":
+        found = [s for s in found if s.state == "waiting for approval"]
+    return found[:limit]

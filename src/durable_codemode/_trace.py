@@ -1,0 +1,368 @@
+"""A run as its history tells it: model turns → `run_code` snippets → nested tool calls (→ approvals).
+
+`RunResult` summarizes a finished run; a trace is built from the history instead, so it exists for every run
+(running, waiting for a person, completed, failed, continued as new) and has what only the history has: each
+call's arguments, attempts, duration and error, the approvals and who decided them, the continue-as-new
+boundaries and the workflow task failures of a wedged run. `render_trace` draws it as text:
+
+```
+run refunds-1a2b (agent refunds): waiting for approval of call_0.1
+model turn 0  scripted  73 ms
+└─ run_code call_0  running  (2 nested calls)
+   │ 1  total = await lookup(order='A1')
+   │ 2  r = await refund(order='A1', cents=total)
+   ├─ call_0.0  lookup(order="A1")  ok  line 1  9 ms  → 1234
+   └─ call_0.1  refund(order="A1", cents=1234)  pending  line 2  waiting for approval since 2026-12-02 13:39:36
+```
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import TypeAdapter
+
+from ._config import SnippetLimits
+from ._tree import _fit, _one_line
+
+__all__ = [
+    "CallStatus",
+    "RunTrace",
+    "TraceApproval",
+    "TraceCall",
+    "TraceRun",
+    "TraceSnippet",
+    "TraceTurn",
+    "render_trace",
+    "trace_json",
+]
+
+CallStatus = Literal["ok", "error", "cancelled", "denied", "running", "pending"]
+"""`running`: scheduled and not finished (an open run); `pending`: waiting for a person's decision."""
+
+RunStatus = Literal["running", "completed", "failed", "continued_as_new", "terminated", "cancelled", "timed_out"]
+
+_PREVIEW = 200
+"""Characters of a result, error or argument preview in a trace (the JSON form has the same previews)."""
+
+_COLLAPSE_OVER = 12
+_HEAD, _TAIL = 6, 3
+
+
+@dataclass(kw_only=True)
+class TraceApproval:
+    """A call that needed a person: pending, or decided (by whom, how, with what note)."""
+
+    call_id: str
+    tool: str
+    args: dict[str, Any] | None
+    state: Literal["pending", "approved", "denied"]
+    via: str | None = None
+    """`update`, `signal` or `timeout`; `None` while pending."""
+    approver: str | None = None
+    note: str | None = None
+    requested_at: datetime | None = None
+    decided_at: datetime | None = None
+    expires_at: datetime | None = None
+    line: int | None = None
+
+
+@dataclass(kw_only=True)
+class TraceCall:
+    """One tool call, nested in a snippet or made directly by the model."""
+
+    call_id: str
+    tool: str
+    args: dict[str, Any] | None
+    """`None` when the history does not hold them (a local activity whose run was not replayed)."""
+    status: CallStatus
+    result: str | None = None
+    """A preview of the value the call returned (`ok`)."""
+    error: str | None = None
+    """A preview of why it failed, was denied or cancelled."""
+    activity_type: str | None = None
+    activity_id: str | None = None
+    local: bool = False
+    line: int | None = None
+    """The 1-based line of the snippet that made the call, when known (from a replay, or a pending approval)."""
+    scheduled_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    attempts: int = 0
+    """Attempts of the activity (1: no retry); 0 when it never started."""
+    last_failure: str | None = None
+    """The failure of the attempt before the last one, when the call was retried."""
+    approval: TraceApproval | None = None
+
+    @property
+    def retries(self) -> int:
+        return max(self.attempts - 1, 0)
+
+
+@dataclass(kw_only=True)
+class TraceSnippet:
+    """One `run_code` call: its code, what it came to, and the calls it made in call order."""
+
+    call_id: str
+    code: str
+    restart: bool = False
+    outcome: Literal["ok", "error", "rejected", "compute_limit", "sandbox_crashed", "running", "unknown"]
+    result: str | None = None
+    """A preview of what the model got back (the next request's tool return)."""
+    calls: list[TraceCall] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class TraceTurn:
+    """One model request and what the run did with the response."""
+
+    index: int
+    run: int
+    """The run of the chain (0-based) whose history holds this turn; -1 for a turn known only from the summary
+    an earlier run carried over (its history was not given)."""
+    status: Literal["ok", "running", "error"]
+    text: str = ""
+    error: str | None = None
+    model_name: str | None = None
+    requested_at: datetime | None = None
+    responded_at: datetime | None = None
+    duration_s: float | None = None
+    attempts: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    snippets: list[TraceSnippet] = field(default_factory=list)
+    direct_calls: list[TraceCall] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class TraceRun:
+    """One workflow run of a continue-as-new chain."""
+
+    run_id: str
+    status: RunStatus
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+    events: int = 0
+    continued_as: str | None = None
+    """The next run's id, when this one continued as new."""
+    continue_reason: str | None = None
+    """`compute_limit` or `sandbox_crashed` (a snippet ended the run), else `None` (the snippet cap, or Temporal
+    suggested it)."""
+    failure: str | None = None
+    task_failures: list[str] = field(default_factory=list)
+    """Workflow task failures (a wedged run retries its task: nondeterminism, a deadlock, a bug)."""
+
+
+@dataclass(kw_only=True)
+class RunTrace:
+    """A whole agent run (every run of its chain that was given), as a tree."""
+
+    workflow_id: str
+    agent: str | None
+    status: RunStatus
+    """The last run's status."""
+    runs: list[TraceRun]
+    turns: list[TraceTurn]
+    approvals: list[TraceApproval] = field(default_factory=list)
+    output: str | None = None
+    failure: str | None = None
+    limits: SnippetLimits | None = None
+    """The snippet limits recorded when the run started (what every replay uses)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def snippets(self) -> list[TraceSnippet]:
+        return [s for t in self.turns for s in t.snippets]
+
+    @property
+    def nested_calls(self) -> list[TraceCall]:
+        return [c for s in self.snippets for c in s.calls]
+
+    @property
+    def direct_calls(self) -> list[TraceCall]:
+        return [c for t in self.turns for c in t.direct_calls]
+
+    @property
+    def pending(self) -> list[TraceApproval]:
+        return [a for a in self.approvals if a.state == "pending"]
+
+    @property
+    def state(self) -> str:
+        """The status as people say it: `waiting for approval` for a running run that waits on a person."""
+        if self.status == "running" and self.pending:
+            return "waiting for approval"
+        return self.status.replace("_", "-")
+
+    def call(self, call_id: str) -> TraceCall | None:
+        """The call with this id, nested or direct."""
+        return next((c for c in [*self.nested_calls, *self.direct_calls] if c.call_id == call_id), None)
+
+
+def trace_json(trace: RunTrace) -> str:
+    """The trace as indented JSON (`codemode trace --json`)."""
+    return TypeAdapter(RunTrace).dump_json(trace, indent=2).decode()
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    return f"{value:.2f} s"
+
+
+def _args_text(args: dict[str, Any] | None) -> str:
+    if args is None:
+        return "…"
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=repr)}" for k, v in args.items())
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "?"
+
+
+def _approval_text(approval: TraceApproval) -> str:
+    if approval.state == "pending":
+        expires = f", denied automatically at {_when(approval.expires_at)}" if approval.expires_at else ""
+        return f"waiting for approval since {_when(approval.requested_at)}{expires}"
+    who = approval.approver or ("the approval timeout" if approval.via == "timeout" else "someone")
+    note = f": {approval.note}" if approval.note else ""
+    return f"{approval.state} by {who} ({approval.via or '?'}){note}"
+
+
+def call_line(call: TraceCall, room: int) -> str:
+    """One call as a line: id, tool(args), status, duration, attempts, approval, result or error."""
+    args = _args_text(call.args)
+    limit = max(room // 3, 12)
+    if len(args) > limit:
+        args = args[: limit - 1] + "…"
+    parts = [f"{call.call_id}  {call.tool}({args})  {call.status}"]
+    if call.line:
+        parts.append(f"line {call.line}")
+    if call.duration_s is not None:
+        parts.append(_seconds(call.duration_s))
+    if call.attempts > 1:
+        failure = f" (last failure: {_one_line(call.last_failure)})" if call.last_failure else ""
+        parts.append(f"{call.attempts} attempts{failure}")
+    if call.local:
+        parts.append("local")
+    if call.approval is not None and call.status != "denied":
+        parts.append(_approval_text(call.approval))
+    if call.status == "ok":
+        parts.append(f"→ {_one_line(call.result or '')}")
+    elif call.status == "denied" and call.approval is not None:
+        parts.append(f"✗ {_approval_text(call.approval)}")
+    elif call.error:
+        parts.append(f"✗ {_one_line(call.error)}")
+    return "  ".join(parts)
+
+
+class _Drawing:
+    def __init__(self, width: int) -> None:
+        self.width = max(width, 40)
+        self.lines: list[str] = []
+
+    def add(self, line: str) -> None:
+        self.lines.append(_fit(line, self.width))
+
+    def calls(self, calls: list[TraceCall], indent: str) -> None:
+        shown: list[TraceCall | str] = list(calls)
+        if len(calls) > _COLLAPSE_OVER:
+            middle = calls[_HEAD:-_TAIL]
+            # Collapsing hides only calls that went well: a failed, denied or waiting call is always shown.
+            hidden = [c for c in middle if c.status == "ok"]
+            tools: dict[str, int] = {}
+            for c in hidden:
+                tools[c.tool] = tools.get(c.tool, 0) + 1
+            summary = ", ".join(f"{tool} \u00d7{n}" for tool, n in tools.items())
+            shown = [*calls[:_HEAD], f"… {len(hidden)} more calls, all ok ({summary})",
+                     *[c for c in middle if c.status != "ok"], *calls[-_TAIL:]]
+        room = self.width - len(indent) - 3
+        for i, item in enumerate(shown):
+            branch = "└─ " if i == len(shown) - 1 else "├─ "
+            self.add(indent + branch + (item if isinstance(item, str) else call_line(item, room)))
+
+    def snippet(self, snippet: TraceSnippet, last: bool) -> None:
+        n = len(snippet.calls)
+        count = f"  ({n} nested call{'s' if n != 1 else ''})" if n else ""
+        restart = "  restart" if snippet.restart else ""
+        self.add(f"{'└─ ' if last else '├─ '}run_code {snippet.call_id}  {snippet.outcome}{restart}{count}")
+        inner = "   " if last else "│  "
+        gutter = inner + ("│ " if n else "  ")
+        lines = snippet.code.expandtabs(4).splitlines()
+        digits = len(str(len(lines)))
+        for number, text in enumerate(lines, 1):
+            self.add(f"{gutter}{number:>{digits}}  {text.rstrip()}")
+        if snippet.result:
+            self.add(f"{gutter}= {_one_line(snippet.result)}")
+        self.calls(snippet.calls, inner)
+
+    def turn(self, turn: TraceTurn, final: bool) -> None:
+        facts = [f for f in (turn.model_name, _seconds(turn.duration_s),
+                             f"{turn.attempts} attempts" if turn.attempts > 1 else "") if f]
+        origin = "  (from the summary of an earlier run)" if turn.run < 0 else ""
+        self.add(f"model turn {turn.index}" + (f"  {'  '.join(facts)}" if facts else "") + origin)
+        children: list[str | TraceSnippet | TraceCall] = []
+        acted = bool(turn.snippets or turn.direct_calls)
+        if turn.status == "running":
+            children.append("(waiting for the model's response)")
+        elif turn.status == "error":
+            children.append(f"model request failed: {_one_line(turn.error or '')}")
+        elif turn.text:
+            children.append(f"{'answer' if final and not acted else 'text'}: {_one_line(turn.text)}")
+        elif not acted:
+            children.append("(no text and no tool call: the model was asked again)")
+        children += turn.snippets
+        children += turn.direct_calls
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            if isinstance(child, TraceSnippet):
+                self.snippet(child, last)
+            elif isinstance(child, TraceCall):
+                self.add(f"{'└─ ' if last else '├─ '}tool call {call_line(child, self.width - 13)}")
+            else:
+                self.add(f"{'└─ ' if last else '├─ '}{child}")
+
+
+def _headline(trace: RunTrace) -> str:
+    agent = f" (agent {trace.agent})" if trace.agent else ""
+    state = trace.state
+    if trace.pending:
+        state += " of " + ", ".join(a.call_id for a in trace.pending)
+    runs = len(trace.runs)
+    chain = f", {runs} runs" if runs > 1 else ""
+    return f"run {trace.workflow_id}{agent}: {state}{chain}"
+
+
+def render_trace(trace: RunTrace, *, width: int = 120) -> str:
+    """The trace as plain text: turns, each snippet's numbered code, each call with its status and timings."""
+    drawing = _Drawing(width)
+    drawing.add(_headline(trace))
+    run = trace.turns[0].run if trace.turns else 0
+    for i, turn in enumerate(trace.turns):
+        if turn.run != run and turn.run >= 0:
+            previous = trace.runs[run] if 0 <= run < len(trace.runs) else None
+            reason = f" ({previous.continue_reason})" if previous and previous.continue_reason else ""
+            drawing.add(f"── continued as new{reason}: run {turn.run + 1} of {len(trace.runs)}, "
+                        f"{trace.runs[turn.run].run_id} ──")
+        run = turn.run if turn.run >= 0 else run
+        drawing.turn(turn, final=i == len(trace.turns) - 1)
+    for r in trace.runs:
+        for failure in r.task_failures:
+            drawing.add(f"workflow task failed (run {r.run_id}): {_one_line(failure)}")
+    if trace.output is not None:
+        drawing.add(f"output: {_one_line(trace.output)}")
+    elif trace.failure is not None:
+        drawing.add(f"{trace.status.replace('_', ' ')}: {_one_line(trace.failure)}")
+    decided = [a for a in trace.approvals if a.state != "pending"]
+    if decided:
+        drawing.add("approvals:")
+        for a in decided:
+            drawing.add(f"  {a.call_id}  {a.tool}({_args_text(a.args)})  {_approval_text(a)}  "
+                        f"at {_when(a.decided_at)}")
+    # Notes are never cut to the width: they say what the trace is missing and why.
+    drawing.lines += [f"note: {note}" for note in trace.notes]
+    return "\n".join(drawing.lines)

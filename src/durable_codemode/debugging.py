@@ -1,0 +1,101 @@
+"""Debugging from histories: export a run's history, draw it as a trace, replay it offline, list recent runs.
+
+The Python side of `codemode history / trace / replay / runs`:
+
+```python
+from durable_codemode import connect
+from durable_codemode.debugging import fetch_chain, render_replay, render_trace, replay_histories, trace_histories
+
+client = await connect()
+histories = await fetch_chain(client, "cart-1a2b3c")   # every run of the continue-as-new chain
+print(render_trace(await trace_histories(histories)))  # turns → snippets → calls → approvals
+report = await replay_histories(histories)             # offline: no server, no activity runs
+if not report.ok:
+    print(render_replay(report))                       # turn, snippet, line, call, recorded vs replayed, cause
+```
+
+Replays need the agents only for approval rules (code that decides whether a call waits): call
+`register_agents([...])` (or `load_agents("my_worker_module")`) first when an agent has one.
+"""
+
+from __future__ import annotations
+
+from ._capture import ReplayCapture, quiet_replays, replay_history
+from ._history import (
+    RunNotFoundError,
+    fetch_chain,
+    fetch_history,
+    histories_from_json,
+    histories_to_json,
+    parse_histories,
+    read_histories,
+    trace_histories,
+    trace_run,
+    write_histories,
+)
+from ._replay import (
+    CallSide,
+    Cause,
+    Divergence,
+    ReplayReport,
+    RunReplay,
+    load_agents,
+    register_agents,
+    render_replay,
+    render_replay_table,
+    replay_histories,
+    replay_recent,
+    replay_run,
+)
+from ._runs import RUN_STATES, RunSummary, list_runs
+from ._trace import (
+    CallStatus,
+    RunTrace,
+    TraceApproval,
+    TraceCall,
+    TraceRun,
+    TraceSnippet,
+    TraceTurn,
+    render_trace,
+    trace_json,
+)
+
+__all__ = [
+    "RUN_STATES",
+    "CallSide",
+    "CallStatus",
+    "Cause",
+    "Divergence",
+    "ReplayCapture",
+    "ReplayReport",
+    "RunNotFoundError",
+    "RunReplay",
+    "RunSummary",
+    "RunTrace",
+    "TraceApproval",
+    "TraceCall",
+    "TraceRun",
+    "TraceSnippet",
+    "TraceTurn",
+    "fetch_chain",
+    "fetch_history",
+    "histories_from_json",
+    "histories_to_json",
+    "list_runs",
+    "load_agents",
+    "parse_histories",
+    "quiet_replays",
+    "read_histories",
+    "register_agents",
+    "render_replay",
+    "render_replay_table",
+    "render_trace",
+    "replay_histories",
+    "replay_history",
+    "replay_recent",
+    "replay_run",
+    "trace_histories",
+    "trace_json",
+    "trace_run",
+    "write_histories",
+]
