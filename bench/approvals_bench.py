@@ -25,7 +25,6 @@ import os
 import statistics
 import sys
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -49,7 +48,7 @@ from bench.approvals_floor import (
     FloorApprovalInput,
 )
 from bench.approvals_floor import STARTS as FLOOR_STARTS
-from bench.run_bench import machine
+from bench.run_bench import machine, run_and_exit
 from durable_codemode import (
     CodeModeAgent,
     PoolSettings,
@@ -609,15 +608,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.reps < 1 or args.paused < 1 or args.pool < 1 or args.cache < 0:
         parser.error("--reps, --paused and --pool must be at least 1, --cache at least 0")
-    try:
-        code = asyncio.run(run(args))
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # A script ending in Temporal calls can abort at interpreter exit (PyGILState_Release): leave at once.
-    os._exit(code)
+    run_and_exit(run(args))
 
 
 if __name__ == "__main__":

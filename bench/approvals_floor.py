@@ -2,14 +2,14 @@
 
 `ApprovalsFloorWorkflow` is what a hand-written Temporal workflow would do for an approved call, and nothing else:
 
-1. one local activity `bench.approvals_floor_describe` (the code-mode run's `describe_agent`);
-2. one activity `bench.approvals_floor_model` (the code-mode run's first model request);
+1. one local activity `bench.floor_describe` (shared with `bench.floor`) (the code-mode run's `describe_agent`);
+2. one activity `bench.floor_model` (the code-mode run's first model request);
 3. it registers one pending call and waits in `workflow.wait_condition` until the update `decide` (with a
    validator, like code mode's) decides it;
 4. one activity `bench.approvals_floor_gated` (the approved tool call: same start-to-close timeout and retry
    policy as a code-mode tool's defaults), which records `time.perf_counter()` when it starts in `STARTS`,
    keyed by workflow id (the benchmark runs the worker in its own process, so the clocks are the same);
-5. one activity `bench.approvals_floor_model` (the second model request), and returns the gated call's result.
+5. one activity `bench.floor_model` (the second model request), and returns the gated call's result.
 
 It holds no program state: it is what Temporal itself costs from a decision to the activity starting.
 
@@ -28,15 +28,15 @@ from typing import Any
 from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
+from bench.floor import floor_describe, floor_model
+
 __all__ = [
     "APPROVALS_FLOOR_ACTIVITIES",
     "CALL_ID",
     "STARTS",
     "ApprovalsFloorWorkflow",
     "FloorApprovalInput",
-    "approvals_floor_describe",
     "approvals_floor_gated",
-    "approvals_floor_model",
 ]
 
 #: The same values as `durable_codemode.DEFAULT_TOOL_RETRY_POLICY`.
@@ -64,18 +64,6 @@ class FloorApprovalInput:
     tag: str
 
 
-@activity.defn(name="bench.approvals_floor_describe")
-async def approvals_floor_describe(name: str) -> str:
-    """Stands in for `describe_agent` (a local activity)."""
-    return name
-
-
-@activity.defn(name="bench.approvals_floor_model")
-async def approvals_floor_model(turn: int) -> int:
-    """Stands in for one model request."""
-    return turn
-
-
 @activity.defn(name="bench.approvals_floor_gated")
 async def approvals_floor_gated(tag: str) -> str:
     """The approved call: records when it started."""
@@ -83,7 +71,7 @@ async def approvals_floor_gated(tag: str) -> str:
     return f"done {tag}"
 
 
-APPROVALS_FLOOR_ACTIVITIES: list[Callable[..., Any]] = [approvals_floor_describe, approvals_floor_model,
+APPROVALS_FLOOR_ACTIVITIES: list[Callable[..., Any]] = [floor_describe, floor_model,
                                                         approvals_floor_gated]
 
 
@@ -114,13 +102,13 @@ class ApprovalsFloorWorkflow:
 
     @workflow.run
     async def run(self, input: FloorApprovalInput) -> str:
-        await workflow.execute_local_activity(approvals_floor_describe, "floor",
+        await workflow.execute_local_activity(floor_describe, "floor",
                                               start_to_close_timeout=_DESCRIBE_TIMEOUT,
                                               retry_policy=RetryPolicy(maximum_attempts=3))
-        await workflow.execute_activity(approvals_floor_model, 0, start_to_close_timeout=_MODEL_TIMEOUT)
+        await workflow.execute_activity(floor_model, 0, start_to_close_timeout=_MODEL_TIMEOUT)
         self._pending.add(CALL_ID)
         await workflow.wait_condition(lambda: CALL_ID in self._decided)
         result = await workflow.execute_activity(approvals_floor_gated, input.tag,
                                                  start_to_close_timeout=_TOOL_TIMEOUT, retry_policy=_TOOL_RETRY)
-        await workflow.execute_activity(approvals_floor_model, 1, start_to_close_timeout=_MODEL_TIMEOUT)
+        await workflow.execute_activity(floor_model, 1, start_to_close_timeout=_MODEL_TIMEOUT)
         return result

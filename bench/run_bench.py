@@ -20,10 +20,10 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.floor` must be importable
 
@@ -318,8 +318,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.reps < 1 or min(args.n) < 1:
         parser.error("--reps and --n must be at least 1")
+    run_and_exit(run(args))
+
+
+def run_and_exit(main_coroutine: Coroutine[Any, Any, int]) -> NoReturn:
+    """Run a benchmark's main coroutine, then leave with its exit code (1 on any error, with its traceback)."""
     try:
-        code = asyncio.run(run(args))
+        code = asyncio.run(main_coroutine)
     except BaseException:
         traceback.print_exc()
         code = 1
