@@ -13,18 +13,14 @@ retried `remove_line` must not remove a second thing or fail because the first a
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from durable_codemode import current_call
+from activities._store import IdempotentTools, SqliteStore
 
 __all__ = [
     "PAGE_SIZE",
@@ -39,8 +35,6 @@ __all__ = [
 
 PAGE_SIZE = 50
 """Lines per `list_cart` page."""
-
-_R = TypeVar("_R")
 
 _CATALOG = (
     "Espresso beans 1kg",
@@ -112,18 +106,6 @@ CREATE TABLE IF NOT EXISTS lines (
     unit_price_cents INTEGER NOT NULL,
     quantity INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS effects (
-    idempotency_key TEXT PRIMARY KEY,
-    tool TEXT NOT NULL,
-    args TEXT NOT NULL,
-    result TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS executions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    tool TEXT,
-    args TEXT,
-    idempotency_key TEXT
-);
 """
 
 
@@ -131,45 +113,11 @@ def _line(row: tuple[Any, ...]) -> CartLine:
     return CartLine(line_id=row[0], product=row[1], unit_price_cents=row[2], quantity=row[3])
 
 
-class CartStore:
+class CartStore(SqliteStore):
     """The cart's SQLite file, plus the bookkeeping tests use to check side effects ran exactly once."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        """Wrap the SQLite file at `path` (created on first use)."""
-        self.path = os.fspath(path)
-
-    @contextmanager
-    def connect(self) -> Iterator[sqlite3.Connection]:
-        """A fresh connection in autocommit mode, closed on exit.
-
-        One connection per operation: tools run in activity worker threads, and sqlite3 connections must
-        not be shared across threads. Autocommit lets callers open the transaction they mean explicitly.
-        """
-        with closing(sqlite3.connect(self.path, isolation_level=None, timeout=30.0)) as conn:
-            yield conn
-
-    @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A connection inside a `BEGIN IMMEDIATE` transaction: committed on success, rolled back on error.
-
-        IMMEDIATE takes the write lock up front, so two concurrent attempts of the same call cannot both
-        see "no effect recorded yet" and both apply it.
-        """
-        with self.connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-
-    def create_schema(self) -> None:
-        """Create the tables if they do not exist yet."""
-        with self.connect() as conn:
-            # WAL lets the many short reads of concurrent tool activities proceed while one writes.
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
+    SCHEMA = _SCHEMA
+    TABLES = ("lines",)
 
     def seed(self, lines: int = 122, seed: int = 0) -> None:
         """Replace the whole store (lines, effects, executions) with `lines` deterministic cart lines.
@@ -198,11 +146,7 @@ class CartStore:
         ]
         self.create_schema()
         with self.write() as conn:
-            conn.execute("DELETE FROM lines")
-            conn.execute("DELETE FROM effects")
-            conn.execute("DELETE FROM executions")
-            # Restart the ids so the same seed gives the same line ids, also after earlier adds.
-            conn.execute("DELETE FROM sqlite_sequence WHERE name IN ('lines', 'executions')")
+            self.reset(conn)
             conn.executemany(
                 "INSERT INTO lines (line_id, product, unit_price_cents, quantity) VALUES (?, ?, ?, ?)", rows
             )
@@ -215,77 +159,21 @@ class CartStore:
             ).fetchall()
         return [_line(row) for row in rows]
 
-    def execution_count(self, tool: str | None = None) -> int:
-        """How many times a mutating tool's side effect actually ran (all tools, or only `tool`)."""
-        with self.connect() as conn:
-            if tool is None:
-                row = conn.execute("SELECT COUNT(*) FROM executions").fetchone()
-            else:
-                row = conn.execute("SELECT COUNT(*) FROM executions WHERE tool = ?", (tool,)).fetchone()
-        return int(row[0])
 
-    def duplicate_effects(self) -> int:
-        """How many idempotency keys had their side effect run more than once; 0 is correct."""
-        with self.connect() as conn:
-            row = conn.execute(
-                "SELECT COUNT(*) FROM (SELECT idempotency_key FROM executions"
-                " WHERE idempotency_key IS NOT NULL GROUP BY idempotency_key HAVING COUNT(*) > 1)"
-            ).fetchone()
-        return int(row[0])
-
-
-def _current_key() -> str | None:
-    try:
-        return current_call().idempotency_key
-    except RuntimeError:
-        # Called directly (a unit test, a script): no call identity, so no deduplication.
-        return None
-
-
-class CartTools:
+class CartTools(IdempotentTools):
     """The cart's tools, bound to one store; `toolset()` hands them to an agent."""
+
+    store: CartStore
 
     def __init__(self, store: CartStore) -> None:
         """Serve the tools from `store`."""
-        self.store = store
+        super().__init__(store)
 
     def toolset(self) -> FunctionToolset[None]:
         """The five tools as a pydantic-ai toolset."""
         return FunctionToolset(
             [self.list_cart, self.get_line, self.add_line, self.update_quantity, self.remove_line]
         )
-
-    def _mutate(self, tool: str, args: dict[str, Any], apply: Callable[[sqlite3.Connection], _R]) -> _R:
-        """Run `apply` at most once per idempotency key, logging the execution in the same transaction.
-
-        The change, the `executions` row and the stored result commit together, so a crash either leaves
-        no trace (the retry does the work) or leaves the result (the retry returns it).
-        """
-        key = _current_key()
-        args_json = json.dumps(args, sort_keys=True)
-        with self.store.write() as conn:
-            if key is not None:
-                row = conn.execute(
-                    "SELECT tool, result FROM effects WHERE idempotency_key = ?", (key,)
-                ).fetchone()
-                if row is not None:
-                    if row[0] != tool:
-                        raise RuntimeError(
-                            f"idempotency key {key!r} was already used by {row[0]}, not {tool}: "
-                            "call ids must be unique per call"
-                        )
-                    return cast(_R, json.loads(row[1]))
-            result = apply(conn)
-            conn.execute(
-                "INSERT INTO executions (tool, args, idempotency_key) VALUES (?, ?, ?)",
-                (tool, args_json, key),
-            )
-            if key is not None:
-                conn.execute(
-                    "INSERT INTO effects (idempotency_key, tool, args, result) VALUES (?, ?, ?, ?)",
-                    (key, tool, args_json, json.dumps(result)),
-                )
-            return result
 
     @staticmethod
     def _fetch(conn: sqlite3.Connection, line_id: int) -> CartLine:
@@ -307,16 +195,13 @@ class CartTools:
         """
         if offset < 0:
             raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
-        with self.store.connect() as conn:
-            # One read transaction so the page and the total agree even while another call writes.
-            conn.execute("BEGIN")
+        with self.store.read() as conn:
             rows = conn.execute(
                 "SELECT line_id, product, unit_price_cents, quantity FROM lines ORDER BY line_id"
                 " LIMIT ? OFFSET ?",
                 (PAGE_SIZE, offset),
             ).fetchall()
             total = int(conn.execute("SELECT COUNT(*) FROM lines").fetchone()[0])
-            conn.execute("COMMIT")
         end = offset + len(rows)
         return CartPage(
             items=[_line(row) for row in rows], next_offset=end if end < total else None, total_lines=total
@@ -362,7 +247,7 @@ class CartTools:
             )
 
         args = {"product": product, "unit_price_cents": unit_price_cents, "quantity": quantity}
-        return self._mutate("add_line", args, apply)
+        return self.mutate("add_line", args, apply)
 
     def update_quantity(self, line_id: int, quantity: int) -> CartLine:
         """Set the quantity of one cart line and return the updated line.
@@ -381,7 +266,7 @@ class CartTools:
                 raise KeyError(f"no cart line {line_id}; list_cart() shows the line ids")
             return self._fetch(conn, line_id)
 
-        return self._mutate("update_quantity", {"line_id": line_id, "quantity": quantity}, apply)
+        return self.mutate("update_quantity", {"line_id": line_id, "quantity": quantity}, apply)
 
     def remove_line(self, line_id: int) -> RemovedLine:
         """Remove one line from the cart.
@@ -396,7 +281,7 @@ class CartTools:
                 raise KeyError(f"no cart line {line_id}; list_cart() shows the line ids")
             return RemovedLine(line_id=line_id, removed=True)
 
-        return self._mutate("remove_line", {"line_id": line_id}, apply)
+        return self.mutate("remove_line", {"line_id": line_id}, apply)
 
 
 def over_threshold(lines: list[CartLine], threshold_cents: int = 5000) -> list[CartLine]:
