@@ -21,17 +21,20 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from activities.cart import CartStore, CartTools
+from activities.cart import CartLine, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode import CodeModeAgent
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, tool_calling_model
 
 __all__ = [
     "CART_DB_ENV",
+    "CART_TASK",
     "DEFAULT_CART_DB",
     "DEMO_PROMPT",
     "INSTRUCTIONS",
     "MODEL_ENV",
     "SCRIPTED_MODEL_NAME",
+    "CartInstance",
     "agents",
     "cart_agent",
     "cart_db_path",
@@ -163,3 +166,77 @@ def agents() -> list[CodeModeAgent]:
         path.parent.mkdir(parents=True, exist_ok=True)
         store.seed(lines=122)
     return [cart_agent(store)]
+
+
+# -- the benchmark task ------------------------------------------------------------------------------------------
+
+
+def _tool_calling_policy(seen: list[Seen]) -> list[Call] | str:
+    """Page through the whole cart first (removing while paging would shift the offsets), then remove."""
+    pages = [s.result for s in seen if s.tool == "list_cart" and s.ok]
+    if not pages:
+        return [Call("list_cart", {"offset": 0})]
+    if pages[-1]["next_offset"] is not None:
+        return [Call("list_cart", {"offset": pages[-1]["next_offset"]})]
+    lines = [line for page in pages for line in page["items"]]
+    removed = {s.args["line_id"] for s in seen if s.tool == "remove_line"}
+    over = [line for line in lines if line["unit_price_cents"] > 5000]
+    todo = [Call("remove_line", {"line_id": line["line_id"]}) for line in over if line["line_id"] not in removed]
+    if todo:
+        return todo
+    kept = [line for line in lines if line["unit_price_cents"] <= 5000]
+    return (
+        f"Removed {len(over)} lines over $50 each ({format_cents(sum(_cost(line) for line in over))}); "
+        f"{len(kept)} lines remain ({format_cents(sum(_cost(line) for line in kept))})."
+    )
+
+
+def _cost(line: CartLine) -> int:
+    return line["unit_price_cents"] * line["quantity"]
+
+
+class CartInstance:
+    """`cart.remove-over-50` at one N (see `workflows.tasks.Instance`)."""
+
+    def __init__(self, workdir: Path, n: int) -> None:
+        """Seed a cart of `n` lines in `workdir`."""
+        self.store = CartStore(workdir / "cart.sqlite")
+        self.store.seed(lines=n, seed=n)
+        self.before = self.store.all_lines()
+        self.prompt = DEMO_PROMPT
+
+    def agent(self, mode: Mode, model: Model | str | None = None) -> CodeModeAgent:
+        """The cart agent; scripted for `mode` when `model` is None."""
+        scripted: Model = (
+            scripted_cart_model() if mode == "on"
+            else tool_calling_model(_tool_calling_policy, name="scripted-tool-calling-cart")
+        )
+        agent = Agent(model or scripted, name="cart", instructions=INSTRUCTIONS,
+                      toolsets=[CartTools(self.store).toolset()])
+        return CodeModeAgent(agent, code_mode=mode == "on")
+
+    def check(self, reply: str) -> list[str]:
+        """The end state is right, and the reply states how many lines were removed and what they cost."""
+        problems = check_removed_over(self.store, self.before)
+        over = over_threshold(self.before)
+        numbers = numbers_in(reply)
+        removed_cents = format_cents(sum(_cost(line) for line in over))[1:].replace(",", "")
+        for label, expected in (("lines removed", str(len(over))), ("their cost", removed_cents)):
+            if expected not in numbers:
+                problems.append(f"the reply does not state {label} ({expected}): {reply!r}")
+        return problems
+
+    def duplicate_effects(self) -> int:
+        """Side effects that ran more than once."""
+        return self.store.duplicate_effects()
+
+
+CART_TASK = Task(
+    name="cart.remove-over-50",
+    apps=("cart",),
+    kind="scaling",
+    sizes=SCALING_SIZES,
+    setup=CartInstance,
+    description="remove every line that costs more than $50 a piece",
+)
+"""The cart's scaling task."""
