@@ -11,9 +11,15 @@ import json
 from typing import Any
 
 __all__ = [
+    "AGENT_MEMO",
+    "AGENT_SEARCH_ATTRIBUTE",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
     "RUN_CODE_TOOL",
+    "STATUS_MEMO",
+    "STATUS_RUNNING",
+    "STATUS_SEARCH_ATTRIBUTE",
+    "STATUS_WAITING",
     "WORKFLOW_TYPE",
     "call_digest",
     "nested_call_id",
@@ -32,6 +38,22 @@ DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 
 RUN_CODE_TOOL = "run_code"
 """The one tool the model sees in code mode."""
+
+AGENT_SEARCH_ATTRIBUTE = "CodemodeAgent"
+"""Keyword search attribute: the run's agent, set when the run starts (if the server has it registered)."""
+
+STATUS_SEARCH_ATTRIBUTE = "CodemodeStatus"
+"""Keyword search attribute: `running`, or `waiting` while a call waits for approval (visibility's own
+`ExecutionStatus` says whether the run is still open)."""
+
+AGENT_MEMO = "agent"
+"""Memo key of the run's agent (every run has it)."""
+
+STATUS_MEMO = "status"
+"""Memo key of the status, for runs started on a server without the search attributes."""
+
+STATUS_RUNNING = "running"
+STATUS_WAITING = "waiting"
 
 
 def tool_activity_type(agent: str, tool: str) -> str:

@@ -23,6 +23,7 @@ from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
 from ._sandbox import close_repls
+from ._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = [
@@ -59,6 +60,10 @@ def workflow_runner() -> WorkflowRunner:
 class CodeModePlugin(SimplePlugin):
     """Sets the data converter on a `Client` (or a `Worker`) for durable-codemode runs.
 
+    Args:
+        tracing: also add Temporal's OpenTelemetry interceptor, so a run started inside a span is traced under it
+            and workers built from this client trace their runs (see the README's Observability section).
+
     Example:
         ```python
         client = await Client.connect("localhost:7233", plugins=[CodeModePlugin()])
@@ -66,16 +71,21 @@ class CodeModePlugin(SimplePlugin):
 
     """
 
-    def __init__(self) -> None:
-        super().__init__("durable-codemode", data_converter=DATA_CONVERTER)
+    def __init__(self, *, tracing: bool = False) -> None:
+        super().__init__("durable-codemode", data_converter=DATA_CONVERTER,
+                         interceptors=client_interceptors() if tracing else None)
 
 
-async def connect(address: str | None = None, *, namespace: str | None = None, **kwargs: Any) -> Client:
+async def connect(
+    address: str | None = None, *, namespace: str | None = None, tracing: bool = False, **kwargs: Any
+) -> Client:
     """A client for durable-codemode runs.
 
     Args:
         address: `host:port`; defaults to `TEMPORAL_ADDRESS`, else `localhost:7233`.
         namespace: defaults to `TEMPORAL_NAMESPACE`, else `default`.
+        tracing: add Temporal's OpenTelemetry interceptor: runs started inside a span are traced under it, and
+            workers created from this client trace their runs. Needs `opentelemetry-sdk`.
         kwargs: passed to `Client.connect` (e.g. `tls`, `api_key`).
 
     Raises:
@@ -83,6 +93,8 @@ async def connect(address: str | None = None, *, namespace: str | None = None, *
 
     """
     target = address or temporal_address()
+    if tracing:
+        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *client_interceptors()]
     try:
         return await Client.connect(
             target,
@@ -103,6 +115,7 @@ def create_worker(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     pool: PoolSettings | None = None,
+    tracing: bool | None = None,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -112,10 +125,14 @@ def create_worker(
         agents: the agents runs on `task_queue` may name.
         task_queue: where runs for these agents are sent.
         pool: Monty pool sizing for this process (first configuration wins once the pool is running).
+        tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (the
+            README's Observability section). `None` (default): on when the client carries Temporal's
+            OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
+            tracer provider of `temporalio.contrib.opentelemetry.create_tracer_provider()` set globally.
         worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`).
 
     Raises:
-        CodeModeUserError: no agents, or two with one name.
+        CodeModeUserError: no agents, or two with one name; tracing without the SDK or a replay-safe provider.
 
     """
     if not agents:
@@ -139,6 +156,10 @@ def create_worker(
         finally:
             close_repls(task_queue)
 
+    if tracing is None:
+        tracing = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
+    if tracing:
+        worker_options["interceptors"] = [*worker_options.get("interceptors", ()), *worker_interceptors(client)]
     plugins = [*worker_options.pop("plugins", []),
                SimplePlugin("durable-codemode-sandbox-release", run_context=release_sandboxes_on_shutdown)]
     return Worker(

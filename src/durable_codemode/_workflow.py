@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         tool_activity_id,
     )
+    from ._progress import RunProgress
     from ._results import preview
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
     from ._types import (
@@ -111,6 +112,7 @@ class CodeModeRunWorkflow:
     def __init__(self) -> None:
         self._spec: AgentSpec | None = None
         self._approvals = Approvals()
+        self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
 
     # -- approvals ---------------------------------------------------------------------------------------------
 
@@ -170,7 +172,7 @@ class CodeModeRunWorkflow:
         self._show_details()
 
     def _show_details(self) -> None:
-        workflow.set_current_details(self._approvals.details())
+        self._progress.show()
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult:
@@ -199,7 +201,8 @@ class CodeModeRunWorkflow:
             )
         repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending)
         try:
-            return await self._loop(input, cont, messages, repl)
+            return await self._progress.run(self._loop(input, cont, messages, repl), agent=spec.agent,
+                                            run_index=cont.runs)
         finally:
             repl.close()
 
@@ -220,14 +223,14 @@ class CodeModeRunWorkflow:
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 self._continue_as_new(input, cont, messages, note=None)
             index = len(turns)
-            response = await workflow.execute_activity(
+            response = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 retry_policy=_MODEL_RETRY,
                 summary=f"model turn {index}",
-            )
+            ), turn=index, model=input.model)
             usage.incr(response.usage)
             usage.requests += 1
             messages.append(response)
@@ -298,7 +301,8 @@ class CodeModeRunWorkflow:
         if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
             message = f"run_code takes {{'code': str, 'restart': bool (optional)}}; got {preview(call.args)}"
             return self._retry(call, message, "validation_error"), None
-        outcome = await repl.run(code, run_code_id=call.tool_call_id, restart=restart)
+        outcome = await self._progress.snippet(repl.run(code, run_code_id=call.tool_call_id, restart=restart),
+                                               call_id=call.tool_call_id, code=code)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
                                            result=outcome.summary, calls=outcome.calls))
         if outcome.kind == "rejected":
@@ -343,7 +347,7 @@ class CodeModeRunWorkflow:
             self._approvals.pending[call_id] = pending
             self._show_details()
             wait = self._approvals.wait(pending, spec.approval_timeout)
-        return self._call_tool(spec, args, call_id, wait)
+        return self._progress.call(self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id, args=args)
 
     async def _call_tool(
         self, spec: ToolSpec, args: dict[str, Any], call_id: str,

@@ -1,0 +1,143 @@
+"""What a run is doing, for people: the Temporal UI's current details, and its status for `codemode runs`.
+
+- **Current details** (`workflow.set_current_details`) say the run's phase: `model turn 3`, `model turn 3:
+  snippet call_3 running: 120 calls in flight, 80 done`, or, first, `waiting for approval of 2 call(s): ...`.
+  They live in workflow memory and reach the UI (and `current_details()`) through Temporal's built-in metadata
+  query; they are not written to history, so updating them on every call start and finish of a 200-call gather
+  costs no event and no byte (measured: the same event count and history size with and without).
+- **Status** (`running` / `waiting`, for "waiting for approval") is written where visibility can filter on it:
+  the `CodemodeStatus` search attribute when the run was started with it (the server has it registered), else
+  the `status` memo key when the run was started with that. Each change is one history event, and it changes
+  only when the first approval of a run starts waiting or the last one is decided. A run started with neither
+  (by an older client) writes nothing, so its history replays exactly as it was recorded.
+
+This module also threads the workflow's awaitables through `_telemetry`, so the workflow has one hook per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+
+from ._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
+from ._telemetry import NO_TELEMETRY, RunTelemetry, run_telemetry
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelResponse
+
+    from ._approvals import Approvals
+    from ._sandbox import Settled, SnippetOutcome
+    from ._types import CallRecord, RunResult
+
+__all__ = ["RunProgress"]
+
+_STATUS_KEY = SearchAttributeKey.for_keyword(STATUS_SEARCH_ATTRIBUTE)
+
+
+def _calls(n: int) -> str:
+    return f"{n} call" if n == 1 else f"{n} calls"
+
+
+class RunProgress:
+    """The phase of one workflow run, shown as its current details; the hooks the workflow calls per step."""
+
+    def __init__(self, approvals: Callable[[], Approvals]) -> None:
+        self.telemetry: RunTelemetry = NO_TELEMETRY
+        self._approvals = approvals
+        self._turn: int | None = None
+        self._snippet: str | None = None
+        self._in_flight = 0
+        self._done = 0
+        self._status: str | None = None
+        self._status_via: str | None = None
+        """Where the status is written: "search attribute", "memo", or None (the run was not started with it)."""
+
+    def details(self) -> str:
+        """The current details text: what waits for a person first, then where the run is."""
+        lines = []
+        waiting = self._approvals().details()
+        if waiting:
+            lines.append(waiting)
+        if self._turn is not None:
+            where = f"model turn {self._turn}"
+            if self._snippet is not None:
+                verb = "waiting" if waiting else "running"
+                where += f": snippet {self._snippet} {verb}: {_calls(self._in_flight)} in flight, {self._done} done"
+            elif self._in_flight or self._done:
+                where += f": {_calls(self._in_flight)} in flight, {self._done} done"
+            lines.append(where)
+        return "\n".join(lines)
+
+    def show(self) -> None:
+        """Publish the details, and the status when it changed."""
+        if not workflow.in_workflow():  # a coroutine finalised by the garbage collector
+            return
+        workflow.set_current_details(self.details())
+        status = STATUS_WAITING if self._approvals().pending else STATUS_RUNNING
+        if status != self._status:
+            self._write_status(status)
+
+    def _write_status(self, status: str) -> None:
+        if self._status is None:  # first call: where this run keeps its status, and what it says now
+            info = workflow.info()
+            if info.typed_search_attributes.get(_STATUS_KEY) is not None:
+                self._status_via, self._status = "search attribute", info.typed_search_attributes.get(_STATUS_KEY)
+            elif STATUS_MEMO in info.raw_memo:
+                self._status_via, self._status = "memo", workflow.memo_value(STATUS_MEMO, type_hint=str)
+            else:
+                self._status_via, self._status = None, status
+            if status == self._status:
+                return
+        self._status = status
+        if self._status_via == "search attribute":
+            workflow.upsert_search_attributes([_STATUS_KEY.value_set(status)])
+        elif self._status_via == "memo":
+            workflow.upsert_memo({STATUS_MEMO: status})
+
+    # -- hooks ---------------------------------------------------------------------------------------------------
+
+    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult]:
+        """Around the run's loop: decides whether this run is traced."""
+        self.telemetry = run_telemetry()
+        return self.telemetry.run(coro, agent=agent, run_index=run_index)
+
+    def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
+                      ) -> Coroutine[Any, Any, ModelResponse]:
+        """Around a model request: the run is now at model turn `turn`."""
+        self._turn, self._snippet, self._in_flight, self._done = turn, None, 0, 0
+        self.show()
+        return self.telemetry.model_request(coro, turn=turn, model=model)
+
+    def snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], *, call_id: str, code: str
+                ) -> Coroutine[Any, Any, SnippetOutcome]:
+        """Around one `run_code` snippet."""
+        return self._snippet_running(self.telemetry.snippet(coro, call_id=call_id, code=code), call_id)
+
+    async def _snippet_running(self, coro: Coroutine[Any, Any, SnippetOutcome], call_id: str) -> SnippetOutcome:
+        self._snippet, self._in_flight, self._done = call_id, 0, 0
+        self.show()
+        try:
+            return await coro
+        finally:
+            self._snippet, self._in_flight, self._done = None, 0, 0
+            self.show()
+
+    def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
+             args: dict[str, Any]) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        """Around one tool call (its approval wait included), from the moment the program makes it."""
+        self._in_flight += 1
+        self.show()
+        traced = self.telemetry.call(coro, tool=tool, call_id=call_id, args=args, approvals=self._approvals())
+        return self._counted(traced)
+
+    async def _counted(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]]) -> tuple[Settled, CallRecord]:
+        try:
+            return await coro
+        finally:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._done += 1
+            self.show()

@@ -1,0 +1,394 @@
+"""OpenTelemetry spans for agent runs: run → model request / `run_code` snippet → nested call → tool attempt.
+
+Code mode compresses the model's trace to "model → run_code → model"; these spans open the snippet up again:
+
+```
+codemode.run cart                              the workflow run (one per run of a continue-as-new chain)
+├─ codemode.model_request turn 0               around the model-request activity
+│  └─ codemode.attempt durable-codemode.model_request   the activity itself, on the worker that ran it
+├─ codemode.run_code call_0                    code, line count, result size, outcome
+│  ├─ codemode.call get  call_0.0              tool, call id, argument and result sizes, approval wait
+│  │  └─ codemode.attempt cart.get             one per attempt (attribute codemode.attempt), in the activity
+│  └─ ...
+└─ codemode.model_request turn 1
+```
+
+How the workflow-side spans get real durations and never duplicate on replay:
+- They are created with the process's global tracer provider, which must be Temporal's replay-safe one
+  (`temporalio.contrib.opentelemetry.create_tracer_provider()`): span and trace ids come from a random generator
+  seeded by the workflow, so a replay re-creates every span with the same id; a span's `end()` is dropped while
+  the workflow replays history (eviction counts as replay); a span started during a replay gets the replayed
+  event's time as its start. So a span is exported once, by the worker that sees it end live, with the time it
+  really started (from history when that worker replayed its start) and the time it really ended, and a child
+  exported before an eviction keeps pointing at the right parent.
+- A span that ends by an exception that fails the workflow *task* (a bug, no sandbox process free) is not ended:
+  the task is retried and re-creates it. A coroutine closed by garbage collection (a worker that shut down with
+  the run cached) ends nothing either.
+- The context of the current span crosses into activities through Temporal's `OpenTelemetryInterceptor` (the
+  header of each activity), so the activity-side `codemode.attempt` span, and any span a tool or pydantic-ai's
+  own instrumentation makes, hangs under its call or model-request span.
+- Continue-as-new carries the run span's *parent* context, not the run span, so the runs of a chain are siblings
+  under the client's span (when the client started the run inside one) instead of an ever deeper nesting.
+
+Off (the default), nothing here runs: the workflow's hooks hand their awaitables back unchanged, and neither
+`opentelemetry-sdk` nor `temporalio.contrib.opentelemetry` is imported. On, the library still uses only the
+OpenTelemetry API; the user brings the SDK and the exporter.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from contextvars import Token
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import temporalio.worker
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, Status, StatusCode
+from temporalio import activity, workflow
+from temporalio.client import Client
+
+from ._errors import CodeModeUserError
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelResponse
+
+    from ._approvals import Approvals
+    from ._sandbox import Settled, SnippetOutcome
+    from ._types import CallRecord, RunResult
+
+__all__ = [
+    "NO_TELEMETRY",
+    "TRACER_NAME",
+    "RunTelemetry",
+    "client_interceptors",
+    "has_tracing_interceptor",
+    "run_telemetry",
+    "worker_interceptors",
+]
+
+T = TypeVar("T")
+
+TRACER_NAME = "durable_codemode"
+"""The instrumentation scope of every span this library makes."""
+
+_TRACED_FLAG = "_durable_codemode_traced"
+"""Set on a workflow instance by `_CodeModeTracingInterceptor`: this worker traces its runs."""
+
+_TELEMETRY_ATTR = "_durable_codemode_telemetry"
+"""The run's `_TracedRun`, on its workflow instance, for the continue-as-new interceptor."""
+
+_MAX_CODE_CHARS = 8192
+"""A snippet's code is an attribute of its span up to this many characters (the line count is always whole)."""
+
+_SDK_MISSING = ("tracing needs the OpenTelemetry SDK and Temporal's OpenTelemetry support: "
+                "`pip install opentelemetry-sdk` (and an exporter), then set the tracer provider as shown in the "
+                "README's Observability section")
+
+
+def _ns(moment: datetime) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def _size(value: Any) -> int:
+    """Bytes of `value` as JSON: what a result costs the history and the model, for the span's attributes."""
+    try:
+        return len(json.dumps(value, default=str, separators=(",", ":")).encode())
+    except (TypeError, ValueError):  # a cycle or an odd key: an estimate is enough here
+        return len(repr(value).encode())
+
+
+def _detach(token: Token[Context]) -> None:
+    # The finally of an abandoned coroutine can run in another contextvars.Context (garbage collection after an
+    # eviction), where the token is not valid; OpenTelemetry's detach would log an error for nothing.
+    with suppress(ValueError, RuntimeError):
+        token.var.reset(token)
+
+
+@contextmanager
+def _current(span: Span) -> Iterator[None]:
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield
+    finally:
+        _detach(token)
+
+
+def _end(span: Span) -> None:
+    # Outside workflow code (a coroutine finalised by the garbage collector) the replay-safe span cannot tell a
+    # replay from a live run, so nothing ends there.
+    if workflow.in_workflow():
+        span.end()
+
+
+def _close(span: Span, error: BaseException) -> None:
+    """End `span` for an exception leaving it, when that exception is the span's real end."""
+    if isinstance(error, GeneratorExit):
+        return
+    if isinstance(error, workflow.ContinueAsNewError):
+        span.set_attribute("codemode.outcome", "continued_as_new")
+        _end(span)
+    elif isinstance(error, BaseException) and type(error).__name__ == "CancelledError":
+        span.set_attribute("codemode.outcome", "cancelled")
+        _end(span)
+    elif workflow.in_workflow() and isinstance(error, Exception) and workflow.is_failure_exception(error):
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        span.set_attribute("codemode.outcome", "failed")
+        _end(span)
+    # Anything else fails the workflow task; its retry re-creates the span with the same id.
+
+
+class RunTelemetry:
+    """The spans of one workflow run. This base is the "off" case: every hook returns its awaitable unchanged."""
+
+    enabled = False
+
+    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult]:
+        """The run span around the run's loop."""
+        return coro
+
+    def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
+                      ) -> Coroutine[Any, Any, ModelResponse]:
+        """A model-request span around the activity."""
+        return coro
+
+    def snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], *, call_id: str, code: str
+                ) -> Coroutine[Any, Any, SnippetOutcome]:
+        """A `run_code` span around the snippet; the calls it makes become its children."""
+        return coro
+
+    def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
+             args: dict[str, Any], approvals: Approvals) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        """A nested- (or direct-) call span around one tool call, its approval wait included."""
+        return coro
+
+    @contextmanager
+    def run_parent(self) -> Iterator[None]:
+        """Make the run span's parent context current (for continue-as-new)."""
+        yield
+
+
+NO_TELEMETRY = RunTelemetry()
+"""Tracing off."""
+
+
+class _TracedRun(RunTelemetry):
+    enabled = True
+
+    def __init__(self) -> None:
+        self._tracer = trace.get_tracer(TRACER_NAME)
+        self._parent: Context | None = None
+
+    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult]:
+        return self._run(coro, agent, run_index)
+
+    async def _run(self, coro: Coroutine[Any, Any, RunResult], agent: str, run_index: int) -> RunResult:
+        info = workflow.info()
+        self._parent = otel_context.get_current()
+        span = self._tracer.start_span(
+            f"codemode.run {agent}", start_time=_ns(info.start_time),
+            attributes={"codemode.agent": agent, "codemode.run_index": run_index,
+                        "temporalWorkflowID": info.workflow_id, "temporalRunID": info.run_id})
+        with _current(span):
+            try:
+                result = await coro
+            except BaseException as e:
+                _close(span, e)
+                raise
+        span.set_attributes({"codemode.outcome": "completed", "codemode.model_requests": result.usage.requests,
+                             "codemode.output.bytes": len(result.output.encode())})
+        _end(span)
+        return result
+
+    @contextmanager
+    def run_parent(self) -> Iterator[None]:
+        if self._parent is None:
+            yield
+            return
+        token = otel_context.attach(self._parent)
+        try:
+            yield
+        finally:
+            _detach(token)
+
+    def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
+                      ) -> Coroutine[Any, Any, ModelResponse]:
+        return self._model_request(coro, turn, model)
+
+    async def _model_request(self, coro: Coroutine[Any, Any, ModelResponse], turn: int, model: str | None
+                             ) -> ModelResponse:
+        attributes: dict[str, Any] = {"codemode.turn": turn}
+        if model:
+            attributes["gen_ai.request.model"] = model
+        span = self._tracer.start_span(f"codemode.model_request turn {turn}", attributes=attributes)
+        with _current(span):
+            try:
+                response = await coro
+            except BaseException as e:
+                _close(span, e)
+                raise
+        calls = [getattr(p, "tool_name", "") for p in response.parts if p.part_kind == "tool-call"]
+        span.set_attributes({
+            "gen_ai.response.model": response.model_name or "",
+            "gen_ai.usage.input_tokens": response.usage.input_tokens,
+            "gen_ai.usage.output_tokens": response.usage.output_tokens,
+            "codemode.tool_calls": calls,
+        })
+        _end(span)
+        return response
+
+    def snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], *, call_id: str, code: str
+                ) -> Coroutine[Any, Any, SnippetOutcome]:
+        return self._snippet(coro, call_id, code)
+
+    async def _snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], call_id: str, code: str) -> SnippetOutcome:
+        span = self._tracer.start_span(f"codemode.run_code {call_id}", attributes={
+            "codemode.call_id": call_id, "codemode.code": code[:_MAX_CODE_CHARS],
+            "codemode.code.lines": code.count("\n") + 1})
+        with _current(span):
+            try:
+                outcome = await coro
+            except BaseException as e:
+                _close(span, e)
+                raise
+        span.set_attributes({"codemode.outcome": outcome.kind, "codemode.result.bytes": _size(outcome.content),
+                             "codemode.calls": len(outcome.calls)})
+        if outcome.kind != "ok":
+            content = outcome.content
+            message = content.get("error") if isinstance(content, dict) else content
+            span.set_status(Status(StatusCode.ERROR, str(message)[:1000]))
+        _end(span)
+        return outcome
+
+    def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
+             args: dict[str, Any], approvals: Approvals) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        return self._call(coro, tool, call_id, args, approvals)
+
+    async def _call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], tool: str, call_id: str,
+                    args: dict[str, Any], approvals: Approvals) -> tuple[Settled, CallRecord]:
+        span = self._tracer.start_span(f"codemode.call {tool}", attributes={
+            "codemode.tool": tool, "codemode.call_id": call_id, "codemode.args.bytes": _size(args),
+            "codemode.approval.required": call_id in approvals.pending})
+        with _current(span):
+            try:
+                settled, record = await coro
+            except BaseException as e:
+                _close(span, e)
+                raise
+        decision = approvals.decided.get(call_id)
+        if decision is not None:
+            span.set_attributes({
+                "codemode.approval.wait_s": (decision.decided_at - decision.requested_at).total_seconds(),
+                "codemode.approval.approved": decision.approved,
+                "codemode.approval.approver": decision.approver or "",
+                "codemode.approval.via": decision.via,
+            })
+            span.add_event("approval decided", {"approved": decision.approved}, timestamp=_ns(decision.decided_at))
+        span.set_attribute("codemode.outcome", record.status)
+        if "return_value" in settled:
+            span.set_attribute("codemode.result.bytes", _size(settled["return_value"]))
+        else:
+            span.set_status(Status(StatusCode.ERROR, f"{settled['exc_type']}: {settled.get('message', '')}"[:1000]))
+        _end(span)
+        return settled, record
+
+
+def run_telemetry() -> RunTelemetry:
+    """The telemetry of the current workflow run: traced when this worker was created with tracing on."""
+    instance = workflow.instance()
+    if not getattr(instance, _TRACED_FLAG, False):
+        return NO_TELEMETRY
+    telemetry = _TracedRun()
+    setattr(instance, _TELEMETRY_ATTR, telemetry)
+    return telemetry
+
+
+# -- interceptors --------------------------------------------------------------------------------------------
+
+
+class _WorkflowInbound(temporalio.worker.WorkflowInboundInterceptor):
+    def init(self, outbound: temporalio.worker.WorkflowOutboundInterceptor) -> None:
+        super().init(_WorkflowOutbound(outbound))
+
+    async def execute_workflow(self, input: temporalio.worker.ExecuteWorkflowInput) -> Any:
+        setattr(workflow.instance(), _TRACED_FLAG, True)
+        return await super().execute_workflow(input)
+
+
+class _WorkflowOutbound(temporalio.worker.WorkflowOutboundInterceptor):
+    def continue_as_new(self, input: temporalio.worker.ContinueAsNewInput) -> NoReturn:
+        # Outermost of the outbound interceptors, so Temporal's (next) puts this context into the new run's header.
+        telemetry = getattr(workflow.instance(), _TELEMETRY_ATTR, NO_TELEMETRY)
+        with telemetry.run_parent():
+            super().continue_as_new(input)
+
+
+class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
+    async def execute_activity(self, input: temporalio.worker.ExecuteActivityInput) -> Any:
+        info = activity.info()
+        tracer = trace.get_tracer(TRACER_NAME)
+        with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes={
+            "codemode.attempt": info.attempt, "codemode.activity_type": info.activity_type,
+            "temporalActivityID": info.activity_id, "temporalWorkflowID": info.workflow_id or "",
+            "codemode.call_id": info.activity_id.rsplit("-", 1)[0],
+        }):
+            return await super().execute_activity(input)
+
+
+class _CodeModeTracingInterceptor(temporalio.worker.Interceptor):
+    """Turns the run workflow's spans on and makes a span per activity attempt."""
+
+    def workflow_interceptor_class(
+        self, input: temporalio.worker.WorkflowInterceptorClassInput
+    ) -> type[temporalio.worker.WorkflowInboundInterceptor]:
+        return _WorkflowInbound
+
+    def intercept_activity(
+        self, next: temporalio.worker.ActivityInboundInterceptor
+    ) -> temporalio.worker.ActivityInboundInterceptor:
+        return _ActivityInbound(next)
+
+
+def _otel_interceptor_type() -> type[Any]:
+    try:
+        from temporalio.contrib.opentelemetry import OpenTelemetryInterceptor
+    except ImportError as e:
+        raise CodeModeUserError(_SDK_MISSING) from e
+    return OpenTelemetryInterceptor
+
+
+def has_tracing_interceptor(interceptors: Sequence[Any]) -> bool:
+    """Whether Temporal's OpenTelemetry interceptor is among `interceptors` (without importing it if it can't be)."""
+    return any(type(i).__name__ == "OpenTelemetryInterceptor" for i in interceptors)
+
+
+def client_interceptors() -> list[Any]:
+    """The interceptors a tracing client needs: Temporal's, which puts the caller's span into the run's header."""
+    return [_otel_interceptor_type()()]
+
+
+def worker_interceptors(client: Client) -> list[temporalio.worker.Interceptor]:
+    """The interceptors a tracing worker adds: Temporal's (unless the client brings it) and ours, in that order.
+
+    Raises:
+        CodeModeUserError: the OpenTelemetry SDK is missing, or the global tracer provider is not replay-safe.
+
+    """
+    interceptor = _otel_interceptor_type()
+    from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
+
+    if not isinstance(trace.get_tracer_provider(), ReplaySafeTracerProvider):
+        raise CodeModeUserError(
+            "tracing=True needs a replay-safe global tracer provider, so spans made in workflow code are not "
+            "duplicated on replay: `provider = temporalio.contrib.opentelemetry.create_tracer_provider()`, add "
+            "your span processor to it, and `opentelemetry.trace.set_tracer_provider(provider)` before creating "
+            "the worker")
+    present = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
+    ours: list[temporalio.worker.Interceptor] = [] if present else [interceptor()]
+    return [*ours, _CodeModeTracingInterceptor()]

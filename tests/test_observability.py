@@ -1,0 +1,214 @@
+"""Observability: the span tree of a run (with the OpenTelemetry SDK's in-memory exporter), current details,
+status search attributes, and `codemode watch` / `run --follow`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from pydantic_ai import Agent
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client, WorkflowHandle
+from temporalio.contrib.opentelemetry import OpenTelemetryInterceptor, ReplaySafeTracerProvider, create_tracer_provider
+from temporalio.worker import Replayer
+
+from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, decide, start_run
+from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode._telemetry import worker_interceptors
+from durable_codemode._worker import workflow_runner
+from durable_codemode.testing import RunCode, fetch_chain_histories, new_task_queue, replay, running_worker, scripted_model
+
+_EXPORTER = InMemorySpanExporter()
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    # The global tracer provider can be set once per process; later modules see it too, which is harmless: only
+    # workers created with tracing make spans.
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, ReplaySafeTracerProvider):
+        provider = create_tracer_provider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+    yield _EXPORTER
+
+
+def traced_client(client: Client) -> Client:
+    return Client(**{**client.config(), "interceptors": [OpenTelemetryInterceptor()]})
+
+
+def shop_agent(name: str, *steps: Any, refunds: list[str]) -> CodeModeAgent:
+    agent = Agent(scripted_model(*steps), name=name)
+
+    @agent.tool_plain
+    def get(i: int) -> int:
+        """Item i's value; unknown (negative) items raise KeyError."""
+        if i < 0:
+            raise KeyError(f"no item {i}")
+        return i * 10
+
+    @agent.tool_plain
+    def fail(kind: str) -> None:
+        """Raise a ValueError."""
+        raise ValueError(f"bad {kind}")
+
+    @agent.tool_plain(requires_approval=True)
+    def refund(order: str, cents: int) -> str:
+        """Refund an order (a person approves each)."""
+        refunds.append(order)
+        return f"refunded {cents} on {order}"
+
+    @agent.tool_plain
+    async def slow(seconds: float) -> str:
+        """Answer after `seconds`."""
+        await asyncio.sleep(seconds)
+        return "slow done"
+
+    return CodeModeAgent(agent)
+
+
+async def current_details(handle: WorkflowHandle[Any, Any]) -> str:
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return metadata.current_details
+
+
+async def eventually_details(handle: WorkflowHandle[Any, Any], needle: str) -> str:
+    seen = ""
+    for _ in range(400):  # up to 20 s on a shared machine
+        seen = await current_details(handle)
+        if needle in seen:
+            return seen
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"current details never said {needle!r}; last: {seen!r}")
+
+
+def _attrs(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def _within(child: ReadableSpan, parent: ReadableSpan) -> bool:
+    assert child.start_time and child.end_time and parent.start_time and parent.end_time
+    return parent.start_time <= child.start_time <= child.end_time <= parent.end_time
+
+
+GATHER = "import asyncio\nawait asyncio.gather(get(i=1), get(i=2), get(i=3))"
+ERROR_THEN_APPROVAL = """
+try:
+    await fail(kind='value')
+except ValueError as e:
+    err = str(e)
+r = await refund(order='A', cents=5)
+[err, r]
+"""
+
+
+async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survives_replay(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    refunds: list[str] = []
+    agent = shop_agent("otel-shop", RunCode(GATHER), RunCode(ERROR_THEN_APPROVAL), RunCode("await get(i=-1)"),
+                       "done", refunds=refunds)
+    traced = traced_client(client)
+    tq = new_task_queue()
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("client asks") as client_span:
+        # No workflow cache: every workflow task replays the whole run so far, the harshest test of duplicates.
+        async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0):
+            handle = await start_run(traced, "otel-shop", "go", task_queue=tq)
+            details = await eventually_details(handle, "waiting for approval")
+    # The worker is gone while the call waits; a new one replays the run from history and goes on.
+    assert details.splitlines() == ["waiting for approval of 1 call(s): call_1.1 refund",
+                                    "model turn 1: snippet call_1 waiting: 1 call in flight, 1 done"]
+    async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0):
+        await asyncio.sleep(0.2)  # a measurable approval wait
+        await decide(client, handle.id, "call_1.1", approved=True, approver="ana")
+        result = await handle.result()
+    assert result.output == "done" and refunds == ["A"]
+    trace_id = client_span.get_span_context().trace_id
+    spans = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id]
+    by_id = {s.context.span_id: s for s in spans if s.context}
+    assert len(by_id) == len(spans), "a span was exported twice"
+    keys = [(s.name, _attrs(s).get("codemode.call_id"), _attrs(s).get("codemode.attempt")) for s in spans]
+    assert len(set(keys)) == len(keys), f"duplicate spans: {sorted(keys)}"
+
+    def named(name: str) -> ReadableSpan:
+        (span,) = [s for s in spans if s.name == name]
+        return span
+
+    def children(span: ReadableSpan) -> list[ReadableSpan]:
+        return sorted((s for s in spans if s.parent and span.context and s.parent.span_id == span.context.span_id),
+                      key=lambda s: s.start_time or 0)
+
+    root = named("client asks")
+    run = named("codemode.run otel-shop")
+    assert run.parent is not None and root.context is not None and run.parent.span_id == root.context.span_id
+    assert _attrs(run)["codemode.outcome"] == "completed" and _attrs(run)["temporalWorkflowID"] == handle.id
+    assert [s.name for s in children(run)] == [
+        "codemode.model_request turn 0", "codemode.run_code call_0",
+        "codemode.model_request turn 1", "codemode.run_code call_1",
+        "codemode.model_request turn 2", "codemode.run_code call_2",
+        "codemode.model_request turn 3"]
+    for turn in range(4):
+        (attempt,) = children(named(f"codemode.model_request turn {turn}"))
+        assert attempt.name == "codemode.attempt durable-codemode.model_request"
+
+    gather = named("codemode.run_code call_0")
+    assert _attrs(gather)["codemode.code"] == GATHER and _attrs(gather)["codemode.code.lines"] == 2
+    assert _attrs(gather)["codemode.outcome"] == "ok" and _attrs(gather)["codemode.calls"] == 3
+    calls = children(gather)
+    assert sorted(_attrs(c)["codemode.call_id"] for c in calls) == ["call_0.0", "call_0.1", "call_0.2"]
+    for call in calls:
+        assert call.name == "codemode.call get" and _attrs(call)["codemode.outcome"] == "ok"
+        assert _attrs(call)["codemode.args.bytes"] == len('{"i":1}') and _attrs(call)["codemode.result.bytes"] == 2
+        (attempt,) = children(call)
+        assert attempt.name == "codemode.attempt otel-shop.get" and _attrs(attempt)["codemode.attempt"] == 1
+        assert _within(call, gather)
+        # The call span is open while its activity runs; the activity's span sits inside it.
+        assert _within(attempt, call)
+
+    second = named("codemode.run_code call_1")
+    failed, approved = children(second)
+    assert _attrs(failed)["codemode.call_id"] == "call_1.0" and failed.status.status_code == StatusCode.ERROR
+    assert failed.status.description == "ValueError: bad value"
+    assert children(failed)[0].status.status_code == StatusCode.ERROR  # the attempt that raised
+    assert _attrs(approved)["codemode.call_id"] == "call_1.1"
+    assert _attrs(approved)["codemode.approval.approved"] is True
+    assert _attrs(approved)["codemode.approval.approver"] == "ana"
+    wait = _attrs(approved)["codemode.approval.wait_s"]
+    assert wait >= 0.2
+    assert approved.end_time and approved.start_time and (approved.end_time - approved.start_time) / 1e9 >= wait
+    assert _within(approved, second) and _within(second, run)
+
+    uncaught = named("codemode.run_code call_2")
+    assert _attrs(uncaught)["codemode.outcome"] == "error" and uncaught.status.status_code == StatusCode.ERROR
+    assert "KeyError" in (uncaught.status.description or "")
+
+    # Replaying the finished run with tracing on exports nothing more.
+    before = len(exporter.get_finished_spans())
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
+                        workflow_runner=workflow_runner(), interceptors=worker_interceptors(traced))
+    for history in await fetch_chain_histories(handle):
+        await replayer.replay_workflow(history)
+    assert len(exporter.get_finished_spans()) == before
+    await replay(handle)
+
+
+async def test_current_details_follow_a_gather(client: Client) -> None:
+    code = "import asyncio\nawait asyncio.gather(*(slow(seconds=s / 2) for s in range(1, 5)))"
+    tq = new_task_queue()
+    async with running_worker(client, [shop_agent("details-shop", RunCode(code), "done", refunds=[])],
+                              task_queue=tq):
+        handle = await start_run(client, "details-shop", "go", task_queue=tq)
+        assert await eventually_details(handle, "running: 4 calls in flight, 0 done") == (
+            "model turn 0: snippet call_0 running: 4 calls in flight, 0 done")
+        assert await eventually_details(handle, "2 calls in flight, 2 done")
+        assert await eventually_details(handle, "model turn 1") == "model turn 1"
+        await handle.result()
+    await replay(handle)
