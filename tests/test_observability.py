@@ -4,6 +4,8 @@ status search attributes, and `codemode watch` / `run --follow`."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +23,9 @@ from temporalio.worker import Replayer
 
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, decide, start_run
 from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode._runs import list_runs
 from durable_codemode._telemetry import worker_interceptors
+from durable_codemode._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode._worker import workflow_runner
 from durable_codemode.testing import RunCode, fetch_chain_histories, new_task_queue, replay, running_worker, scripted_model
 
@@ -212,3 +216,68 @@ async def test_current_details_follow_a_gather(client: Client) -> None:
         assert await eventually_details(handle, "model turn 1") == "model turn 1"
         await handle.result()
     await replay(handle)
+
+
+async def _listed(client: Client, expected: set[str], **filters: Any) -> dict[str, str]:
+    listed: dict[str, str] = {}
+    for _ in range(100):  # visibility is eventually consistent
+        listed = {r.workflow_id: r.state for r in await list_runs(client, **filters)}
+        if set(listed) >= expected:
+            break
+        await asyncio.sleep(0.1)
+    return listed
+
+
+async def test_runs_filter_by_agent_and_status_search_attributes(client: Client) -> None:
+    from .test_debugging import address, codemode
+
+    suffix = os.urandom(3).hex()
+    waiting_agent = shop_agent(f"sa-wait-{suffix}", RunCode("await refund(order='W', cents=1)"), "done", refunds=[])
+    done_agent = shop_agent(f"sa-done-{suffix}", RunCode("await get(i=1)"), "done", refunds=[])
+    tq = new_task_queue()
+    async with running_worker(client, [waiting_agent, done_agent], task_queue=tq):
+        done = await start_run(client, done_agent.name, "go", task_queue=tq)
+        await done.result()
+        waiting = await start_run(client, waiting_agent.name, "go", task_queue=tq)
+        await eventually_details(waiting, "waiting for approval")
+        described = await waiting.describe()
+        assert described.typed_search_attributes.get(AGENT_KEY) == waiting_agent.name
+        assert described.typed_search_attributes.get(STATUS_KEY) == "waiting"
+        scope = f"TaskQueue = '{tq}'"
+        listed = await _listed(client, {waiting.id}, status="waiting", query=scope)
+        assert listed == {waiting.id: "waiting for approval"}
+        assert await _listed(client, {done.id}, agent=done_agent.name, query=scope) == {done.id: "completed"}
+        rc, out, err = await codemode("runs", "--status", "waiting", "--agent", waiting_agent.name, "--query", scope,
+                                      address=address(client))
+        assert rc == 0 and waiting.id in out and "waiting for approval" in out and done.id not in out, err
+        await decide(client, waiting.id, "call_0.0", approved=True)
+        await waiting.result()
+        assert (await waiting.describe()).typed_search_attributes.get(STATUS_KEY) == "running"
+    await replay(waiting)
+
+
+async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: pytest.LogCaptureFixture) -> None:
+    from temporalio.testing import WorkflowEnvironment
+
+    from durable_codemode._devserver import temporal_cli_path
+
+    async with await WorkflowEnvironment.start_local(
+            data_converter=DATA_CONVERTER, dev_server_existing_path=temporal_cli_path(),
+            dev_server_log_level="error") as bare:
+        client = bare.client
+        agent = shop_agent("bare-shop", RunCode("await refund(order='M', cents=1)"), "done", refunds=[])
+        async with running_worker(client, [agent], task_queue="bare") as worker:
+            with caplog.at_level(logging.WARNING, logger="durable_codemode"):
+                first = await start_run(client, "bare-shop", "go", task_queue=worker.task_queue)
+                second = await start_run(client, "bare-shop", "go", task_queue=worker.task_queue)
+            warnings = [r for r in caplog.records if "search attribute" in r.getMessage()]
+            assert len(warnings) == 1 and "temporal operator search-attribute create" in warnings[0].getMessage()
+            for handle in (first, second):
+                await eventually_details(handle, "waiting for approval")
+                assert (await (await handle.describe()).memo()).get("status") == "waiting"
+            listed = await _listed(client, {first.id, second.id}, agent="bare-shop", status="waiting")
+            assert listed == {first.id: "waiting for approval", second.id: "waiting for approval"}
+            for handle in (first, second):
+                await decide(client, handle.id, "call_0.0", approved=True)
+                await handle.result()
+                await replay(handle)

@@ -7,9 +7,11 @@ from collections.abc import Sequence
 
 from pydantic_ai.messages import ModelMessage
 from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
 
 from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
 from ._types import RunInput, RunResult
+from ._visibility import lacks_search_attributes, start_options
 from ._worker import DEFAULT_TASK_QUEUE
 from ._workflow import CodeModeRunWorkflow
 
@@ -40,13 +42,16 @@ async def start_run(
     """
     if not agent:
         raise ValueError("agent must be a non-empty agent name")
-    return await client.start_workflow(
-        CodeModeRunWorkflow.run,
-        RunInput(agent=agent, prompt=prompt, model=model, message_history=list(message_history)),
-        id=run_id or f"{agent}-{uuid.uuid4().hex[:12]}",
-        task_queue=task_queue,
-        memo={"agent": agent},
-    )
+    run_input = RunInput(agent=agent, prompt=prompt, model=model, message_history=list(message_history))
+    workflow_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
+    try:
+        return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
+                                           task_queue=task_queue, **start_options(client, agent))
+    except RPCError as e:
+        if not lacks_search_attributes(client, e):  # then the memo carries agent and status (_visibility)
+            raise
+        return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
+                                           task_queue=task_queue, **start_options(client, agent))
 
 
 async def run_agent(

@@ -15,13 +15,19 @@ from temporalio.testing import WorkflowEnvironment
 
 from ._converter import DATA_CONVERTER
 from ._errors import CodeModeUserError
+from ._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
 
 __all__ = ["DEV_SERVER_DEFAULT_ARGS", "start_dev_server", "temporal_cli_path"]
 
-DEV_SERVER_DEFAULT_ARGS = ("--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000")
+DEV_SERVER_DEFAULT_ARGS = (
+    "--dynamic-config-value", "history.transferProcessorMaxPollRPS=1000",
+    "--search-attribute", f"{AGENT_SEARCH_ATTRIBUTE}=Keyword",
+    "--search-attribute", f"{STATUS_SEARCH_ATTRIBUTE}=Keyword",
+)
 """The dev server hands out workflow tasks at about 20 per second by default (measured: ~40 ms between a task
 being queued and being picked up after a burst), which made every sequential tool call cost ~50 ms on one
-machine. Lifted, a sequential call costs ~10 ms."""
+machine. Lifted, a sequential call costs ~10 ms. The search attributes let the UI and `codemode runs` filter
+runs by agent and status (`_visibility`)."""
 
 
 def temporal_cli_path() -> str:

@@ -1,9 +1,11 @@
 """Recent runs of a server from Temporal's visibility store, with the state a person asks about first.
 
-Visibility knows a run's Temporal status, not whether a running run waits on a person: that is in workflow memory,
-so it is asked of each running run by the `pending_approvals` query (answered in milliseconds by a worker), with a
-short deadline and for a bounded number of runs, so a list of hundreds of runs, or a server with no worker, never
-makes the command hang.
+Visibility knows a run's Temporal status; whether a running run waits on a person is the `CodemodeStatus` search
+attribute (or the `status` memo key on a server without it, see `_visibility`), which the run keeps up to date.
+So agent and "waiting" are filters of the visibility query itself when the server has the search attributes.
+Runs started by an older client carry neither: they are asked by the `pending_approvals` query (answered in
+milliseconds by a worker), with a short deadline and for a bounded number of runs, so a list of hundreds of runs,
+or a server with no worker, never makes the command hang.
 """
 
 from __future__ import annotations
@@ -14,9 +16,18 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
+from temporalio.service import RPCError
 
 from ._errors import CodeModeUserError
-from ._names import WORKFLOW_TYPE
+from ._names import (
+    AGENT_MEMO,
+    AGENT_SEARCH_ATTRIBUTE,
+    STATUS_MEMO,
+    STATUS_SEARCH_ATTRIBUTE,
+    STATUS_WAITING,
+    WORKFLOW_TYPE,
+)
+from ._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
@@ -63,6 +74,8 @@ class RunSummary:
     closed_at: datetime | None
     pending_approvals: int | None = None
     """For running runs: calls waiting for a decision; `None` when no worker answered in time (or not asked)."""
+    status_recorded: bool = False
+    """The state came from the run's `CodemodeStatus` search attribute or `status` memo (so it was not asked)."""
 
 
 async def _pending(client: Client, execution: WorkflowExecution) -> int | None:
@@ -93,26 +106,53 @@ async def list_runs(
     """
     if status is not None and status not in _VISIBILITY_STATUS:
         raise CodeModeUserError(f"unknown status {status!r}: use one of {', '.join(RUN_STATES)}")
+    if uses_search_attributes(client):
+        try:
+            return await _list(client, agent=agent, status=status, query=query, limit=limit, indexed=True)
+        except RPCError as e:
+            if not lacks_search_attributes(client, e):
+                raise
+    return await _list(client, agent=agent, status=status, query=query, limit=limit, indexed=False)
+
+
+def _quoted(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+async def _list(client: Client, *, agent: str | None, status: str | None, query: str | None, limit: int,
+                indexed: bool) -> list[RunSummary]:
+    """`list_runs`; `indexed`: filter by agent and waiting in the visibility query (the search attributes)."""
     clauses = [f"WorkflowType = '{WORKFLOW_TYPE}'"]
     if status is not None:
         clauses.append(f"ExecutionStatus = '{_VISIBILITY_STATUS[status]}'")
+    if indexed and agent is not None:
+        clauses.append(f"{AGENT_SEARCH_ATTRIBUTE} = {_quoted(agent)}")
+    if indexed and status == "waiting":
+        clauses.append(f"{STATUS_SEARCH_ATTRIBUTE} = '{STATUS_WAITING}'")
     if query:
         clauses.append(f"({query})")
-    runs: list[tuple[WorkflowExecution, RunSummary]] = []
-    # The agent is in the memo, which visibility cannot filter on: read more and filter here.
-    scan = limit * 10 if agent or status == "waiting" else limit
+    runs: list[tuple[WorkflowExecution | None, RunSummary]] = []
+    # Without the search attributes the agent and status are in the memo, which visibility cannot filter on: read
+    # more and filter here (runs of older clients are among them too).
+    scan = limit * 10 if not indexed and (agent or status == "waiting") else limit
     async for execution in client.list_workflows(" AND ".join(clauses), limit=scan):
         memo = await execution.memo()
-        name = memo.get("agent") if isinstance(memo.get("agent"), str) else None
+        name = execution.typed_search_attributes.get(AGENT_KEY) or memo.get(AGENT_MEMO)
+        name = name if isinstance(name, str) else None
         if agent is not None and name != agent:
             continue
         state = _STATE.get(execution.status or WorkflowExecutionStatus.RUNNING, "running")
-        runs.append((execution, RunSummary(workflow_id=execution.id, run_id=execution.run_id, agent=name,
-                                           state=state, started_at=execution.start_time,
-                                           closed_at=execution.close_time)))
-        if len(runs) >= (limit * 10 if status == "waiting" else limit):
+        recorded = execution.typed_search_attributes.get(STATUS_KEY) or memo.get(STATUS_MEMO)
+        summary = RunSummary(workflow_id=execution.id, run_id=execution.run_id, agent=name, state=state,
+                             started_at=execution.start_time, closed_at=execution.close_time,
+                             status_recorded=isinstance(recorded, str))
+        if state == "running" and isinstance(recorded, str):
+            summary.state = "waiting for approval" if recorded == STATUS_WAITING else "running"
+        # A run that records its status need not be asked (None); an older one is asked by query below.
+        runs.append((None if isinstance(recorded, str) else execution, summary))
+        if len(runs) >= (scan if status == "waiting" else limit):
             break
-    running = [(e, s) for e, s in runs if s.state == "running"][:_MAX_QUERIED]
+    running = [(e, s) for e, s in runs if e is not None and s.state == "running"][:_MAX_QUERIED]
     answers = await asyncio.gather(*(_pending(client, e) for e, _ in running))
     for (_, summary), pending in zip(running, answers, strict=True):
         summary.pending_approvals = pending

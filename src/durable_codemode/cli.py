@@ -506,7 +506,7 @@ async def _runs_cmd(args: argparse.Namespace) -> int:
     rows = [("run", "agent", "state", "started", "took")]
     for r in runs:
         state = r.state + (f" ({r.pending_approvals})" if r.pending_approvals else "")
-        if r.state == "running" and r.pending_approvals is None:
+        if r.state == "running" and r.pending_approvals is None and not r.status_recorded:
             state += " (no worker answered)"
         took = f"{(r.closed_at - r.started_at).total_seconds():.1f} s" if r.closed_at else ""
         rows.append((r.workflow_id, r.agent or "?", state, r.started_at.strftime("%Y-%m-%d %H:%M:%S"), took))
