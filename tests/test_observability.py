@@ -1,5 +1,7 @@
-"""Observability: the span tree of a run (with the OpenTelemetry SDK's in-memory exporter), current details,
-status search attributes, and `codemode watch` / `run --follow`."""
+"""Observability: the span tree of a run, current details, search attributes, `codemode watch` / `run --follow`.
+
+Spans are checked with the OpenTelemetry SDK's in-memory exporter behind Temporal's replay-safe tracer provider.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +29,14 @@ from durable_codemode._runs import list_runs
 from durable_codemode._telemetry import worker_interceptors
 from durable_codemode._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode._worker import workflow_runner
-from durable_codemode.testing import RunCode, fetch_chain_histories, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.testing import (
+    RunCode,
+    fetch_chain_histories,
+    new_task_queue,
+    replay,
+    running_worker,
+    scripted_model,
+)
 
 _EXPORTER = InMemorySpanExporter()
 
