@@ -290,3 +290,42 @@ async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: p
                 await decide(client, handle.id, "call_0.0", approved=True)
                 await handle.result()
                 await replay(handle)
+
+
+async def test_run_follow_shows_calls_a_gathers_progress_and_the_answer(client: Client) -> None:
+    from .test_debugging import address, codemode
+
+    gather = "import asyncio\nvalues = await asyncio.gather(*(get(i=i) for i in range(30)))\nsum(values)"
+    caught = "try:\n    await fail(kind='v')\nexcept ValueError:\n    pass"
+    name = f"follow-{os.urandom(3).hex()}"
+    tq = new_task_queue()
+    async with running_worker(client, [shop_agent(name, RunCode(gather), RunCode(caught), "all done",
+                                                  refunds=[])], task_queue=tq):
+        rc, out, err = await codemode("run", name, "go", "--task-queue", tq, "--follow", address=address(client))
+    assert rc == 0, (out, err)
+    lines = out.splitlines()
+    assert "model turn 0 → run_code call_0 (3 lines)" in lines
+    assert "  ▸ call_0.0 get(i=0)" in lines and "  ▸ call_0.29 get(i=29)" not in lines  # a long gather: progress
+    assert "  call_0: 30/30 done" in lines
+    assert any(line.startswith('  ✗ call_1.0 fail(kind="v")') and "ValueError: bad v" in line for line in lines)
+    assert "model turn 2 → answer: all done" in lines
+    assert "answer: all done" in lines  # then the result, as without --follow
+
+
+async def test_watch_stops_at_an_approval_and_says_how_to_decide(client: Client) -> None:
+    from .test_debugging import address, codemode
+
+    code = "x = await get(i=1)\nawait refund(order='A', cents=x)"
+    name = f"watch-{os.urandom(3).hex()}"
+    tq = new_task_queue()
+    async with running_worker(client, [shop_agent(name, RunCode(code), "refunded", refunds=[])], task_queue=tq):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        rc, out, err = await codemode("watch", handle.id, address=address(client))
+        assert rc == 3, (out, err)
+        assert "  ✓ call_0.0 get(i=1)" in out
+        assert '  ⏸ call_0.1 refund(order="A", cents=10) waits for approval (line 2)' in out
+        assert f"codemode approve {handle.id} call_0.1" in out
+        await decide(client, handle.id, "call_0.1", approved=True)
+        rc, out, err = await codemode("watch", handle.id, address=address(client))
+        assert rc == 0 and "answer: refunded" in out, (out, err)
+    await replay(handle)

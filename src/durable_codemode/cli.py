@@ -5,6 +5,8 @@ codemode demo [--lines 122]                      the cart agent end to end, offl
 codemode dev [--db FILE] [--port 7233] [--ui]    a persistent dev server plus a worker, until Ctrl-C
 codemode worker [--task-queue Q]                 a worker for the bundled agents (TEMPORAL_ADDRESS/embedded)
 codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS and print its result
+codemode run AGENT "prompt" --follow              ... showing model turns and nested calls as they happen
+codemode watch RUN_ID                            follow a run live until it ends or waits for approval
 codemode runs [--agent A] [--status S]           recent runs and their state (waiting for approval, ...)
 codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
 codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
@@ -12,7 +14,7 @@ codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence
 ```
 
 Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the command was used wrongly or the
-server cannot be reached; 130 interrupted.
+server cannot be reached; 3 (`watch`, `run --follow`) the run waits for approval; 130 interrupted.
 
 `main()` leaves with `os._exit` after flushing: a short script whose last act is a Temporal call can abort at
 interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash report. Because
@@ -61,6 +63,7 @@ from ._runs import RUN_STATES, list_runs
 from ._trace import render_trace, trace_json
 from ._tree import render_tree
 from ._types import RunResult
+from ._watch import WatchOutcome, watch_run
 from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
 
 __all__ = [
@@ -69,6 +72,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_USAGE",
+    "EXIT_WAITING",
     "exit_process",
     "main",
     "run_cli",
@@ -81,6 +85,8 @@ EXIT_FAILED = 1
 """The run failed, or the demo's cart is not in the state the prompt asked for."""
 EXIT_USAGE = 2
 """Wrong arguments, bad configuration, or no server at the address (argparse uses 2 too)."""
+EXIT_WAITING = 3
+"""`watch` / `run --follow` stopped because the run waits for a person's decision (it goes on once decided)."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C, by the shell's convention (128 + SIGINT)."""
 
@@ -326,6 +332,8 @@ async def _run(args: argparse.Namespace) -> int:
     if await _no_worker_polls(client, args.task_queue):
         _err(f"warning: no worker is polling task queue {args.task_queue!r}; the run waits until one does "
              "(start one with `codemode worker` or `python worker.py`)")
+    if args.follow:
+        return await _follow(client, handle.id, handle.result_run_id, json_output=args.json)
     try:
         result = await handle.result()
     except WorkflowFailureError as e:
@@ -334,12 +342,43 @@ async def _run(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         _err(f"stopped waiting; run {handle.id} goes on (`temporal workflow show -w {handle.id}` shows it)")
         raise
-    if args.json:
+    _print_result(result, json_output=args.json)
+    return EXIT_OK
+
+
+def _print_result(result: RunResult, *, json_output: bool) -> None:
+    if json_output:
         _say(TypeAdapter(RunResult).dump_json(result, indent=2).decode())
     else:
         _say(f"\nanswer: {result.output}\n")
         _say(render_tree(result, width=_tree_width()))
-    return EXIT_OK
+
+
+async def _follow(client: Client, workflow_id: str, run_id: str | None, *, json_output: bool) -> int:
+    """Show a run live (`_watch`), then its answer and tree, or what it waits for and how to decide it."""
+    try:
+        outcome: WatchOutcome = await watch_run(client, workflow_id, run_id=run_id,
+                                                out=sys.stderr if json_output else sys.stdout)
+    except asyncio.CancelledError:
+        _err(f"stopped watching; run {workflow_id} goes on (`codemode watch {workflow_id}` picks it up again)")
+        raise
+    if outcome.state == "completed" and outcome.result is not None:
+        _print_result(outcome.result, json_output=json_output)
+        return EXIT_OK
+    if outcome.state == "waiting":
+        _say(f"run {workflow_id} waits for approval of {len(outcome.pending)} call(s); decide with:")
+        for p in outcome.pending:
+            _say(f"  codemode approve {workflow_id} {p.call_id}    # or: codemode deny {workflow_id} {p.call_id} "
+                 "--note ...")
+        _say(f"then follow it again: codemode watch {workflow_id}")
+        return EXIT_WAITING
+    _err(f"run {workflow_id} {outcome.state}" + (f": {outcome.failure}" if outcome.failure else ""))
+    return EXIT_FAILED
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    client = await connect()
+    return await _follow(client, args.run_id, None, json_output=False)
 
 
 async def _approvals(args: argparse.Namespace) -> int:
@@ -590,7 +629,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, metavar="Q",
                      help=f"the workers' task queue (default: {DEFAULT_TASK_QUEUE})")
     run.add_argument("--json", action="store_true", help="print the RunResult as JSON instead")
+    run.add_argument("--follow", action="store_true", help="show model turns and nested calls as they start and "
+                     "finish; stop (exit 3) if the run waits for approval")
     run.set_defaults(handler=_run)
+
+    watch = commands.add_parser("watch", help="follow a run live until it ends or waits for approval",
+                                description="Show a run's model turns and nested calls as they start and finish "
+                                "(a progress line for long gathers), until it completes, fails, or waits for an "
+                                "approval (exit 3, with the commands that decide it).")
+    watch.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+    watch.set_defaults(handler=_watch)
 
     approvals = commands.add_parser("approvals", help="list the calls of a run waiting for approval",
                                     description="List the tool calls of run RUN_ID that wait for a decision.")

@@ -1,0 +1,281 @@
+"""Live progress of a run: `codemode watch RUN_ID` and `codemode run --follow`.
+
+The run's history is followed with Temporal's long poll (`GetWorkflowExecutionHistory` with `wait_new_event`),
+so a line appears as soon as the server records the event, and nothing runs in the workflow for it:
+- model turns from the model-request activities (their results say which snippet or answer came next);
+- nested calls from the tool activities' scheduled and closed events and their summaries
+  (`call_0.3 get(i=3)`); a local activity has no scheduled event, so it shows when it completes;
+- a snippet that makes more than a few calls (a long gather) prints its first calls, then a progress line
+  (`call_3: 120/200 done`) at most every `progress_every` seconds and when the last one finishes; errors always;
+- continue-as-new is followed into the next run.
+
+It stops when the run closes, or when it can go no further without a person: a pending approval (asked of the
+run by the `pending_approvals` query after the history has been quiet for a moment) and no call in flight. Then
+it prints what waits and the commands that decide it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal, TextIO
+
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from temporalio.api.common.v1 import WorkflowExecution
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from ._approvals import PendingApproval
+from ._history import RunNotFoundError, _decode, _read_marker, _summary, failure_text
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL
+from ._results import preview
+from ._types import RunResult, ToolCallInput
+from ._workflow import CodeModeRunWorkflow
+
+__all__ = ["WatchOutcome", "watch_run"]
+
+_FEW = 8
+"""A snippet's first calls are printed one by one; past this many, progress lines instead."""
+
+_QUIET = timedelta(seconds=1)
+"""History silent this long while the run is open: ask whether it waits for a person."""
+
+
+@dataclass
+class WatchOutcome:
+    """How a watched run stood when watching stopped."""
+
+    state: Literal["completed", "failed", "waiting", "terminated", "cancelled", "timed-out"]
+    result: RunResult | None = None
+    failure: str | None = None
+    pending: list[PendingApproval] = field(default_factory=list)
+
+
+def _label(call: ToolCallInput) -> str:
+    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in call.args.items())
+    return f"{call.call_id} {call.tool}({args if len(args) <= 80 else args[:79] + '…'})"
+
+
+@dataclass
+class _Call:
+    label: str
+    snippet: str
+    scheduled_ns: int
+    shown: bool = False
+
+
+@dataclass
+class _Snippet:
+    started: int = 0
+    done: int = 0
+    errors: int = 0
+    last_progress: float = 0.0
+    progress_shown: int = 0
+
+
+class _Follower:
+    def __init__(self, out: TextIO, progress_every: float) -> None:
+        self._out = out
+        self._progress_every = progress_every
+        self._calls: dict[int, _Call] = {}
+        """Open tool activities by scheduled event id."""
+        self._models: dict[int, str] = {}
+        self._snippets: dict[str, _Snippet] = {}
+
+    def say(self, text: str) -> None:
+        print(text, file=self._out, flush=True)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._calls) + len(self._models)
+
+    def _snippet(self, call_id: str) -> tuple[str, _Snippet]:
+        name = call_id.rsplit(".", 1)[0] if "." in call_id else call_id
+        return name, self._snippets.setdefault(name, _Snippet())
+
+    def event(self, event: HistoryEvent) -> WatchOutcome | str | None:
+        """Print what `event` says; a closing event gives the outcome (or the next run id, for continue-as-new)."""
+        kind = event.WhichOneof("attributes")
+        if kind == "activity_task_scheduled_event_attributes":
+            attrs = event.activity_task_scheduled_event_attributes
+            activity_type = attrs.activity_type.name
+            summary = _summary(event) or attrs.activity_id
+            if activity_type == MODEL_REQUEST_ACTIVITY:
+                self._models[event.event_id] = summary
+                self.say(f"{summary} …")
+            elif activity_type != DESCRIBE_AGENT_ACTIVITY:
+                payload = _decode(attrs.input, ToolCallInput)
+                label = _label(payload) if isinstance(payload, ToolCallInput) else summary
+                self._started(event.event_id, label, attrs.activity_id, event.event_time.ToNanoseconds())
+        elif kind in ("activity_task_completed_event_attributes", "activity_task_failed_event_attributes",
+                      "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):
+            attrs_any = getattr(event, kind)
+            scheduled = attrs_any.scheduled_event_id
+            if scheduled in self._models:
+                turn = self._models.pop(scheduled)
+                if kind == "activity_task_completed_event_attributes":
+                    self._model_answered(turn, _decode(attrs_any.result, ModelResponse))
+                else:
+                    self.say(f"{turn}: the model request failed: {self._failure(event, kind)}")
+            elif scheduled in self._calls:
+                call = self._calls.pop(scheduled)
+                elapsed = (event.event_time.ToNanoseconds() - call.scheduled_ns) / 1e6
+                if kind == "activity_task_completed_event_attributes":
+                    self._finished(call, f"ok {elapsed:.0f} ms → {preview(_decode(attrs_any.result), 60)}", False)
+                else:
+                    self._finished(call, self._failure(event, kind), True)
+        elif kind == "marker_recorded_event_attributes":
+            local = _read_marker(event)
+            if local is not None and local.activity_type not in (DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY):
+                label = local.activity_id.rsplit("-", 1)[0] + f" {local.activity_type.rsplit('.', 1)[-1]}() (local)"
+                self._started(-event.event_id, label, local.activity_id, event.event_time.ToNanoseconds(),
+                              quiet=True)
+                call = self._calls.pop(-event.event_id)
+                if local.closed == "failed":
+                    self._finished(call, local.failure or "failed", True)
+                else:
+                    self._finished(call, f"ok → {preview(local.result, 60)}", False)
+        elif kind == "workflow_task_failed_event_attributes":
+            attrs_wtf = event.workflow_task_failed_event_attributes
+            self.say(f"! a workflow task failed (Temporal retries it): {failure_text(attrs_wtf.failure)[:300]}")
+        elif kind == "workflow_execution_completed_event_attributes":
+            result = _decode(event.workflow_execution_completed_event_attributes.result, RunResult)
+            return WatchOutcome("completed", result=result if isinstance(result, RunResult) else None)
+        elif kind == "workflow_execution_failed_event_attributes":
+            failure = event.workflow_execution_failed_event_attributes.failure
+            return WatchOutcome("failed", failure=failure_text(failure))
+        elif kind == "workflow_execution_terminated_event_attributes":
+            return WatchOutcome("terminated", failure=event.workflow_execution_terminated_event_attributes.reason)
+        elif kind == "workflow_execution_canceled_event_attributes":
+            return WatchOutcome("cancelled")
+        elif kind == "workflow_execution_timed_out_event_attributes":
+            return WatchOutcome("timed-out")
+        elif kind == "workflow_execution_continued_as_new_event_attributes":
+            self.say("… continued as new (a fresh workflow run; the conversation goes on)")
+            return event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+        return None
+
+    @staticmethod
+    def _failure(event: HistoryEvent, kind: str) -> str:
+        if kind == "activity_task_failed_event_attributes":
+            return failure_text(event.activity_task_failed_event_attributes.failure)
+        if kind == "activity_task_timed_out_event_attributes":
+            return "timed out: " + failure_text(event.activity_task_timed_out_event_attributes.failure)
+        return "cancelled"
+
+    def _model_answered(self, turn: str, response: object) -> None:
+        if not isinstance(response, ModelResponse):
+            self.say(f"{turn}: answered")
+            return
+        for part in response.parts:
+            if isinstance(part, ToolCallPart) and part.tool_name == RUN_CODE_TOOL:
+                code = part.args_as_dict().get("code", "")
+                lines = str(code).splitlines()
+                self.say(f"{turn} → run_code {part.tool_call_id} ({len(lines)} lines)")
+                for line in lines[:6]:
+                    self.say(f"   │ {line}")
+                if len(lines) > 6:
+                    self.say("   │ …")
+            elif isinstance(part, ToolCallPart):
+                self.say(f"{turn} → {part.tool_name}({preview(part.args_as_dict(), 80)[1:-1]})")
+            elif isinstance(part, TextPart) and part.content.strip():
+                self.say(f"{turn} → answer: {preview(part.content, 200)}")
+
+    def _started(self, event_id: int, label: str, activity_id: str, at_ns: int, *, quiet: bool = False) -> None:
+        call_id = label.split(" ", 1)[0] if " " in label else activity_id.rsplit("-", 1)[0]
+        name, snippet = self._snippet(call_id)
+        call = self._calls[event_id] = _Call(label=label, snippet=name, scheduled_ns=at_ns)
+        snippet.started += 1
+        if not quiet and snippet.started <= _FEW:
+            self.say(f"  ▸ {label}")
+            call.shown = True
+        elif not quiet and snippet.started == _FEW + 1:
+            self.say(f"  ▸ … more calls from {name}; progress below")
+
+    def _finished(self, call: _Call, text: str, error: bool) -> None:
+        snippet = self._snippets[call.snippet]
+        snippet.done += 1
+        snippet.errors += error
+        if error or call.shown or snippet.started <= _FEW:
+            self.say(f"  {'✗' if error else '✓'} {call.label}  {text}")
+
+    def progress(self, *, final: bool = False) -> None:
+        """A progress line for each long snippet that moved since its last one (at most every few seconds)."""
+        now = time.monotonic()
+        for name, snippet in self._snippets.items():
+            if snippet.started <= _FEW or snippet.done == snippet.progress_shown:
+                continue
+            finished = snippet.done >= snippet.started
+            if finished or final or now - snippet.last_progress >= self._progress_every:
+                errors = f" ({snippet.errors} errors)" if snippet.errors else ""
+                self.say(f"  {name}: {snippet.done}/{snippet.started} done{errors}")
+                snippet.last_progress, snippet.progress_shown = now, snippet.done
+
+
+async def _pending(client: Client, workflow_id: str, run_id: str) -> list[PendingApproval] | None:
+    handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, workflow_id, run_id=run_id)
+    try:
+        return await handle.query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timedelta(seconds=2))
+    except Exception:  # no worker yet, a closing run: not a reason to stop watching
+        return None
+
+
+async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = None, out: TextIO,
+                    progress_every: float = 2.0) -> WatchOutcome:
+    """Print a run's progress to `out` until it closes or waits for a person.
+
+    Raises:
+        RunNotFoundError: no run with that id.
+
+    """
+    follower = _Follower(out, progress_every)
+    if run_id is None:
+        try:
+            run_id = (await client.get_workflow_handle(workflow_id).describe()).run_id
+        except RPCError as e:
+            if e.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                raise RunNotFoundError(workflow_id, client.service_client.config.target_host) from e
+            raise
+    token = b""
+    told_waiting: set[str] = set()
+    while True:
+        request = GetWorkflowExecutionHistoryRequest(
+            namespace=client.namespace, execution=WorkflowExecution(workflow_id=workflow_id, run_id=run_id),
+            next_page_token=token, wait_new_event=True)
+        try:
+            response = await client.workflow_service.get_workflow_execution_history(request, timeout=_QUIET)
+        except RPCError as e:
+            if e.status not in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+                raise
+            response = None
+        if response is not None:
+            for event in response.history.events:
+                outcome = follower.event(event)
+                if isinstance(outcome, WatchOutcome):
+                    follower.progress(final=True)
+                    return outcome
+                if isinstance(outcome, str):  # continued as new: follow the next run from its start
+                    run_id, token = outcome, b""
+                    break
+            else:
+                token = response.next_page_token
+            follower.progress()
+            if response.history.events:
+                continue
+        # Quiet: is the run held up by a person?
+        pending = await _pending(client, workflow_id, run_id)
+        if pending:
+            fresh = [p for p in pending if p.call_id not in told_waiting]
+            for p in fresh:
+                label = _label(ToolCallInput(tool=p.tool, args=p.args, call_id=p.call_id))
+                follower.say(f"  ⏸ {label} waits for approval (line {p.line})")
+                told_waiting.add(p.call_id)
+            if follower.in_flight == 0:
+                follower.progress(final=True)
+                return WatchOutcome("waiting", pending=pending)
+        await asyncio.sleep(0)
