@@ -68,7 +68,9 @@ async def test_pause_query_approve_continue(client: Client) -> None:
         assert live_sessions() == 0  # the paused program holds no sandbox process
         # The Temporal UI shows the run's current details: what it waits for.
         metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
-        assert metadata.current_details == "waiting for approval of 1 call(s): call_0.1 refund"
+        assert metadata.current_details.splitlines() == [
+            "waiting for approval of 1 call(s): call_0.1 refund",
+            "model turn 0: snippet call_0 waiting: 1 call in flight, 1 done"]
         record = await decide(client, handle.id, "call_0.1", approved=True, note="ok", approver="ana")
         assert record.approved and record.approver == "ana"
         result: RunResult = await handle.result()

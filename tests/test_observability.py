@@ -20,10 +20,18 @@ from opentelemetry.trace import StatusCode
 from pydantic_ai import Agent
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
-from temporalio.contrib.opentelemetry import OpenTelemetryInterceptor, ReplaySafeTracerProvider, create_tracer_provider
+from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider, create_tracer_provider
 from temporalio.worker import Replayer
 
-from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, decide, start_run
+from durable_codemode import (
+    CodeModeAgent,
+    CodeModePlugin,
+    CodeModeRunWorkflow,
+    CodeModeUserError,
+    create_worker,
+    decide,
+    start_run,
+)
 from durable_codemode._converter import DATA_CONVERTER
 from durable_codemode._runs import list_runs
 from durable_codemode._telemetry import worker_interceptors
@@ -54,7 +62,8 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 
 
 def traced_client(client: Client) -> Client:
-    return Client(**{**client.config(), "interceptors": [OpenTelemetryInterceptor()]})
+    """A client whose runs join the caller's trace, and whose workers trace by default."""
+    return Client(**{**client.config(), "plugins": [CodeModePlugin(tracing=True)]})
 
 
 def shop_agent(name: str, *steps: Any, refunds: list[str]) -> CodeModeAgent:
@@ -211,6 +220,15 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
         await replayer.replay_workflow(history)
     assert len(exporter.get_finished_spans()) == before
     await replay(handle)
+
+
+def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_codemode import _telemetry
+
+    # As in a process that never set one: the API's default provider.
+    monkeypatch.setattr(_telemetry.trace, "get_tracer_provider", trace.NoOpTracerProvider)
+    with pytest.raises(CodeModeUserError, match="create_tracer_provider"):
+        create_worker(client, [shop_agent("no-provider", "done", refunds=[])], tracing=True)
 
 
 async def test_current_details_follow_a_gather(client: Client) -> None:

@@ -126,17 +126,22 @@ class RunProgress:
             self._snippet, self._in_flight, self._done = None, 0, 0
             self.show()
 
-    def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
-             args: dict[str, Any]) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
-        """Around one tool call (its approval wait included), from the moment the program makes it."""
+    def call(self, start: Callable[[], Coroutine[Any, Any, tuple[Settled, CallRecord]]], *, tool: str,
+             call_id: str, args: dict[str, Any]) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        """Around one tool call (its approval wait included), from the moment the program makes it.
+
+        `start` makes the call's coroutine only once this one runs: the task running it may be cancelled before
+        its first step (an eviction cancels every task), and a coroutine made but never started would be
+        reported as "never awaited".
+        """
         self._in_flight += 1
         self.show()
-        traced = self.telemetry.call(coro, tool=tool, call_id=call_id, args=args, approvals=self._approvals())
-        return self._counted(traced)
+        return self._counted(start, tool, call_id, args, self._approvals())
 
-    async def _counted(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]]) -> tuple[Settled, CallRecord]:
+    async def _counted(self, start: Callable[[], Coroutine[Any, Any, tuple[Settled, CallRecord]]], tool: str,
+                       call_id: str, args: dict[str, Any], approvals: Approvals) -> tuple[Settled, CallRecord]:
         try:
-            return await coro
+            return await self.telemetry.call(start(), tool=tool, call_id=call_id, args=args, approvals=approvals)
         finally:
             self._in_flight = max(0, self._in_flight - 1)
             self._done += 1

@@ -53,6 +53,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 
 from ._errors import CodeModeUserError
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
@@ -332,12 +333,15 @@ class _WorkflowOutbound(temporalio.worker.WorkflowOutboundInterceptor):
 class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
     async def execute_activity(self, input: temporalio.worker.ExecuteActivityInput) -> Any:
         info = activity.info()
-        tracer = trace.get_tracer(TRACER_NAME)
-        with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes={
+        if info.activity_type == DESCRIBE_AGENT_ACTIVITY:  # bookkeeping before the run span exists: no span
+            return await super().execute_activity(input)
+        attributes: dict[str, Any] = {
             "codemode.attempt": info.attempt, "codemode.activity_type": info.activity_type,
-            "temporalActivityID": info.activity_id, "temporalWorkflowID": info.workflow_id or "",
-            "codemode.call_id": info.activity_id.rsplit("-", 1)[0],
-        }):
+            "temporalActivityID": info.activity_id, "temporalWorkflowID": info.workflow_id or ""}
+        if info.activity_type != MODEL_REQUEST_ACTIVITY:  # a tool call's activity id is `<call id>-<digest>`
+            attributes["codemode.call_id"] = info.activity_id.rsplit("-", 1)[0]
+        tracer = trace.get_tracer(TRACER_NAME)
+        with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes=attributes):
             return await super().execute_activity(input)
 
 

@@ -347,7 +347,8 @@ class CodeModeRunWorkflow:
             self._approvals.pending[call_id] = pending
             self._show_details()
             wait = self._approvals.wait(pending, spec.approval_timeout)
-        return self._progress.call(self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id, args=args)
+        return self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
+                                   args=args)
 
     async def _call_tool(
         self, spec: ToolSpec, args: dict[str, Any], call_id: str,
