@@ -15,6 +15,10 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
     assert _names.nested_call_id("call_1", 7) == "call_1.7"
     assert _names.tool_activity_id("call_1.7", "get", {"i": 3}) == "call_1.7-" + _names.call_digest("get", {"i": 3})
+    # Search attributes and memo keys are registered on servers and read by `codemode runs` and the UI's saved queries.
+    assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
+    assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")
+    assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
 
 
 def test_call_digest_is_canonical_and_sensitive() -> None:

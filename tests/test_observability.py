@@ -6,6 +6,7 @@ Spans are checked with the OpenTelemetry SDK's in-memory exporter behind Tempora
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Iterator
@@ -346,4 +347,35 @@ async def test_watch_stops_at_an_approval_and_says_how_to_decide(client: Client)
         await decide(client, handle.id, "call_0.1", approved=True)
         rc, out, err = await codemode("watch", handle.id, address=address(client))
         assert rc == 0 and "answer: refunded" in out, (out, err)
+    await replay(handle)
+
+
+async def test_the_runs_of_a_continue_as_new_chain_are_sibling_spans(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    from durable_codemode import SnippetLimits
+
+    agent = Agent(scripted_model(RunCode("await get(i=1)"), RunCode("await get(i=2)"), "done"), name="otel-chain")
+
+    @agent.tool_plain
+    def get(i: int) -> int:
+        """Item i."""
+        return i
+
+    chain = CodeModeAgent(agent, limits=SnippetLimits(max_snippets_per_run=1))
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks chain") as client_span:
+        async with running_worker(traced, [chain], task_queue=tq):
+            handle = await start_run(traced, "otel-chain", "go", task_queue=tq)
+            assert (await handle.result()).output == "done"
+    trace_id = client_span.get_span_context().trace_id
+    runs = sorted((s for s in exporter.get_finished_spans() if s.name == "codemode.run otel-chain"
+                   and s.context and s.context.trace_id == trace_id), key=lambda s: _attrs(s)["codemode.run_index"])
+    assert [(_attrs(s)["codemode.run_index"], _attrs(s)["codemode.outcome"]) for s in runs] == [
+        (0, "continued_as_new"), (1, "continued_as_new"), (2, "completed")]  # one snippet per workflow run
+    parent = client_span.get_span_context().span_id
+    assert all(s.parent is not None and s.parent.span_id == parent for s in runs)
+    for before, after in itertools.pairwise(runs):
+        assert before.end_time and after.start_time and before.end_time <= after.start_time
     await replay(handle)
