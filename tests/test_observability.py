@@ -158,7 +158,8 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     spans = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id]
     by_id = {s.context.span_id: s for s in spans if s.context}
     assert len(by_id) == len(spans), "a span was exported twice"
-    keys = [(s.name, _attrs(s).get("codemode.call_id"), _attrs(s).get("codemode.attempt")) for s in spans]
+    keys = [(s.name, _attrs(s).get("codemode.call_id"), _attrs(s).get("temporalActivityID"),
+             _attrs(s).get("codemode.attempt")) for s in spans]
     assert len(set(keys)) == len(keys), f"duplicate spans: {sorted(keys)}"
 
     def named(name: str) -> ReadableSpan:

@@ -131,7 +131,7 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
         clauses.append(f"{STATUS_SEARCH_ATTRIBUTE} = '{STATUS_WAITING}'")
     if query:
         clauses.append(f"({query})")
-    runs: list[tuple[WorkflowExecution | None, RunSummary]] = []
+    runs: list[tuple[WorkflowExecution, RunSummary]] = []
     # Without the search attributes the agent and status are in the memo, which visibility cannot filter on: read
     # more and filter here (runs of older clients are among them too).
     scan = limit * 10 if not indexed and (agent or status == "waiting") else limit
@@ -148,13 +148,15 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
                              status_recorded=isinstance(recorded, str))
         if state == "running" and isinstance(recorded, str):
             summary.state = "waiting for approval" if recorded == STATUS_WAITING else "running"
-        # A run that records its status need not be asked (None); an older one is asked by query below.
-        runs.append((None if isinstance(recorded, str) else execution, summary))
+        runs.append((execution, summary))
         if len(runs) >= (scan if status == "waiting" else limit):
             break
-    running = [(e, s) for e, s in runs if e is not None and s.state == "running"][:_MAX_QUERIED]
-    answers = await asyncio.gather(*(_pending(client, e) for e, _ in running))
-    for (_, summary), pending in zip(running, answers, strict=True):
+    # Asked by query: runs that do not record their status (older clients), and waiting runs, for how many calls
+    # wait; a running run that records "running" need not be asked.
+    asked = [(e, s) for e, s in runs
+             if s.state == "waiting for approval" or (s.state == "running" and not s.status_recorded)][:_MAX_QUERIED]
+    answers = await asyncio.gather(*(_pending(client, e) for e, _ in asked))
+    for (_, summary), pending in zip(asked, answers, strict=True):
         summary.pending_approvals = pending
         if pending:
             summary.state = "waiting for approval"
