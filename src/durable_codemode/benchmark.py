@@ -446,7 +446,7 @@ def write_plot(rows: Sequence[BenchRow], path: str | os.PathLike[str]) -> None:
     done = [r for r in rows if r.error is None]
     tasks = list(dict.fromkeys(r.task for r in done))
     colors = plt.get_cmap("tab10")
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 6.2))
     panels: list[tuple[Any, str, Callable[[BenchRow], float]]] = [
         (axes[0], "cost: input + output tokens", lambda r: float(r.tokens)),
         (axes[1], "wall time (s)", lambda r: r.wall_s),
@@ -460,15 +460,20 @@ def write_plot(rows: Sequence[BenchRow], path: str | os.PathLike[str]) -> None:
                             color=colors(i % 10), label=f"{task}, {MODE_LABELS[mode]}")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        ns = sorted({r.n for r in done})
+        ax.set_xticks(ns, [str(n) for n in ns])  # the N that ran, not powers of ten
+        ax.minorticks_off()
         ax.set_xlabel("N (records)")
-        ax.set_ylabel(label)
         ax.set_title(label)
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8,
+               title="solid: code mode, dashed: tool calling", title_fontsize=8)
     scripted = all(r.scripted for r in rows)
     models = "scripted models" if scripted else ", ".join(sorted({r.model for r in rows}))
-    fig.suptitle(f"durable-codemode: code mode vs tool calling ({models})")
-    fig.tight_layout()
+    fig.suptitle(f"durable-codemode: code mode vs tool calling ({models}), log-log")
+    legend_rows = -(-len(labels) // 4)
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * legend_rows, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
