@@ -31,13 +31,14 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,7 @@ __all__ = [
     "render_report",
     "run_benchmark",
     "run_row",
+    "summarize",
     "write_json",
     "write_plot",
 ]
@@ -96,6 +98,8 @@ class BenchRow:
     mode: str
     """`on` (code mode) or `off` (tool calling)."""
     n: int
+    rep: int = 0
+    """Which repetition (0-based); the tables show the median of a (task, mode, N)'s repetitions."""
     model: str = ""
     """The model's name as the run recorded it (`scripted-...` for the offline models)."""
     scripted: bool = True
@@ -266,6 +270,7 @@ async def run_benchmark(
     model: str | None = None,
     timeout: float = 600.0,
     warmup: bool = True,
+    reps: int = 1,
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchRow]:
     """Run every task at every N in every mode; one `BenchRow` each, failed rows included.
@@ -279,21 +284,26 @@ async def run_benchmark(
         timeout: Seconds per row (see `run_row`).
         warmup: First run the first task at its smallest N once per mode, unrecorded, so the first measured row
             does not pay for imports, the sandbox pool and the pollers starting.
+        reps: Run every (task, N, mode) this many times, the modes' order alternating per repetition (shared
+            machines are noisy: `summarize` takes the medians).
         progress: Called with one line per finished row.
 
     """
     tasks = list(tasks)
-    plan = [(task, n, mode) for task in tasks for n in (sizes or task.sizes) for mode in modes]
+    plan = [(task, n, mode, rep) for rep in range(reps) for task in tasks for n in (sizes or task.sizes)
+            for mode in (modes if rep % 2 == 0 else list(reversed(modes)))]
     if warmup and tasks and model is None:
         for mode in modes:
             await run_row(client, tasks[0], mode, min(sizes or tasks[0].sizes), timeout=timeout)
     rows: list[BenchRow] = []
-    for i, (task, n, mode) in enumerate(plan, start=1):
+    for i, (task, n, mode, rep) in enumerate(plan, start=1):
         row = await run_row(client, task, mode, n, model=model, timeout=timeout)
+        row.rep = rep
         rows.append(row)
         if progress is not None:
             verdict = "ok" if row.passed else f"FAILED ({_why(row)})"
-            progress(f"[{i}/{len(plan)}] {task.name} N={n} {MODE_LABELS[mode]}: {verdict}, {row.wall_s:.2f} s, "
+            again = f" (repetition {rep + 1})" if reps > 1 else ""
+            progress(f"[{i}/{len(plan)}] {task.name} N={n} {MODE_LABELS[mode]}{again}: {verdict}, {row.wall_s:.2f} s, "
                      f"{row.requests} requests, {row.tokens:,} tokens")
     return rows
 
@@ -315,9 +325,42 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+_MEDIAN_FIELDS = ("requests", "input_tokens", "output_tokens", "wall_s", "nested_calls", "direct_calls",
+                  "duplicate_effects", "runs", "history_events", "history_bytes", "replay_s")
+
+
+def summarize(rows: Sequence[BenchRow]) -> list[BenchRow]:
+    """One row per (task, mode, N): the median of its repetitions that completed; failed if any repetition was.
+
+    With one repetition each, the rows themselves.
+    """
+    groups: dict[tuple[str, str, int], list[BenchRow]] = {}
+    for r in rows:
+        groups.setdefault((r.task, r.mode, r.n), []).append(r)
+    out: list[BenchRow] = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        done = [r for r in group if r.error is None] or group
+        first_bad = next((r for r in group if not r.passed), None)
+        merged = replace(done[0], rep=-1)
+        for name in _MEDIAN_FIELDS:
+            value = statistics.median(getattr(r, name) for r in done)
+            setattr(merged, name, type(getattr(done[0], name))(value))
+        merged.ok = all(r.ok for r in group)
+        merged.error = next((r.error for r in group if r.error), None)
+        merged.problems = first_bad.problems if first_bad else []
+        replays = [r.replay_ok for r in group]
+        merged.replay_ok = False if False in replays else None if None in replays else True
+        merged.replay_error = next((r.replay_error for r in group if r.replay_error), None)
+        out.append(merged)
+    return out
+
+
 def ratios(rows: Sequence[BenchRow]) -> list[Ratio]:
-    """Code mode / tool calling per task and N, for the pairs where both rows ran to a result."""
-    by_key = {(r.task, r.n, r.mode): r for r in rows}
+    """Code mode / tool calling per task and N (medians over repetitions), where both sides ran to a result."""
+    by_key = {(r.task, r.n, r.mode): r for r in summarize(rows)}
     out: list[Ratio] = []
     for task, n in dict.fromkeys((r.task, r.n) for r in rows):
         on, off = by_key.get((task, n, "on")), by_key.get((task, n, "off"))
@@ -360,8 +403,13 @@ def _fmt_ratio(value: float | None) -> str:
 
 
 def render_report(rows: Sequence[BenchRow]) -> str:
-    """The tables: one per N (a row per task and mode), then the code mode / tool calling ratios, then failures."""
+    """The tables: one per N (a row per task and mode), then the code mode / tool calling ratios, then failures.
+
+    With repetitions, every number is the median over them, and a (task, mode, N) passed only if each did.
+    """
     out: list[str] = []
+    reps = max((r.rep for r in rows), default=0) + 1
+    raw, rows = rows, summarize(rows)
     if rows and all(r.scripted for r in rows):
         out += [*textwrap.wrap(SCRIPTED_NOTE, 116), ""]
     elif rows:
@@ -389,8 +437,10 @@ def render_report(rows: Sequence[BenchRow]) -> str:
              _fmt_ratio(p.history_bytes), "yes" if p.both_passed else "NO"] for p in pairs
         ], left=1)
         out.append("")
-    failed = [r for r in rows if not r.passed]
-    out.append(f"{len(rows) - len(failed)}/{len(rows)} rows passed (graded by the task's oracle, no duplicate side "
+    if reps > 1:
+        out.append(f"medians of {reps} repetitions (the order of the modes alternating)")
+    failed = [r for r in raw if not r.passed]
+    out.append(f"{len(raw) - len(failed)}/{len(raw)} rows passed (graded by the task's oracle, no duplicate side "
                "effect, history replayed)")
     for r in failed:
         out.append(f"  FAILED {r.task} N={r.n} {MODE_LABELS.get(r.mode, r.mode)}: {_why(r)}")
@@ -418,8 +468,10 @@ def write_json(rows: Sequence[BenchRow], path: str | os.PathLike[str], *, server
                     "cpu_count": os.cpu_count(), **_versions()},
         "server": server,
         "scripted": all(r.scripted for r in rows),
+        "reps": max((r.rep for r in rows), default=0) + 1,
         "note": SCRIPTED_NOTE if all(r.scripted for r in rows) else "",
         "rows": [{**asdict(r), "tokens": r.tokens, "passed": r.passed} for r in rows],
+        "medians": [{**asdict(r), "tokens": r.tokens, "passed": r.passed} for r in summarize(rows)],
         "ratios": [asdict(p) for p in ratios(rows)],
     }
     Path(path).write_text(json.dumps(document, indent=2) + "\n")
@@ -443,7 +495,7 @@ def write_plot(rows: Sequence[BenchRow], path: str | os.PathLike[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise CodeModeUserError(f"the plot needs matplotlib: {PLOT_INSTALL}") from e
-    done = [r for r in rows if r.error is None]
+    done = [r for r in summarize(rows) if r.error is None]
     tasks = list(dict.fromkeys(r.task for r in done))
     colors = plt.get_cmap("tab10")
     fig, axes = plt.subplots(1, 2, figsize=(13, 6.2))
@@ -496,6 +548,16 @@ def _sizes(text: str) -> list[int]:
     return sorted(set(sizes))
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of 1 or more, got {text!r}")
+    return value
+
+
 def _modes(text: str) -> list[Mode]:
     modes = _csv(text)
     bad = [m for m in modes if m not in MODE_LABELS]
@@ -526,6 +588,8 @@ def add_bench_command(commands: Any) -> None:
                        f"{PLOT_INSTALL})")
     bench.add_argument("--timeout", type=float, default=600.0, metavar="S",
                        help="seconds per row before its run is terminated (default: 600)")
+    bench.add_argument("--reps", type=_positive, default=1, metavar="R",
+                       help="run every row R times and report medians (default: 1)")
     bench.add_argument("--list", action="store_true", help="list the bundled tasks and exit")
     bench.set_defaults(handler=bench_command)
 
@@ -608,8 +672,8 @@ async def _bench_on(
     client: Client, tasks: Sequence[Task], args: argparse.Namespace, server: str, progress: Callable[[str], None]
 ) -> list[BenchRow]:
     sizes = args.n
-    count = sum(len(sizes or t.sizes) for t in tasks) * len(args.mode)
+    count = sum(len(sizes or t.sizes) for t in tasks) * len(args.mode) * args.reps
     who = args.model or "scripted models"
     progress(f"codemode bench: {len(tasks)} tasks, {count} rows, {who}, on the {server}")
     return await run_benchmark(client, tasks, modes=args.mode, sizes=sizes, model=args.model,
-                               timeout=args.timeout, progress=progress)
+                               timeout=args.timeout, reps=args.reps, progress=progress)
