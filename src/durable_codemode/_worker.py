@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.converter import StorageDriver
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
@@ -24,6 +25,7 @@ from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
 from ._sandbox import close_repls
+from ._storage import data_converter, store_from_env
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = [
@@ -71,12 +73,18 @@ class CodeModePlugin(SimplePlugin):
         super().__init__("durable-codemode", data_converter=DATA_CONVERTER)
 
 
-async def connect(address: str | None = None, *, namespace: str | None = None, **kwargs: Any) -> Client:
+async def connect(
+    address: str | None = None, *, namespace: str | None = None, payload_store: StorageDriver | None = None,
+    **kwargs: Any,
+) -> Client:
     """A client for durable-codemode runs.
 
     Args:
         address: `host:port`; defaults to `TEMPORAL_ADDRESS`, else `localhost:7233`.
         namespace: defaults to `TEMPORAL_NAMESPACE`, else `default`.
+        payload_store: where payloads over 256 KiB go instead of the history (a `LocalPayloadStore`, or any
+            Temporal `StorageDriver` such as S3's); defaults to `CODEMODE_PAYLOAD_STORE`, else none. Workers
+            built on this client use it too; every client, worker and replayer of these runs needs the same.
         kwargs: passed to `Client.connect` (e.g. `tls`, `api_key`).
 
     Raises:
@@ -88,7 +96,7 @@ async def connect(address: str | None = None, *, namespace: str | None = None, *
         return await Client.connect(
             target,
             namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-            data_converter=DATA_CONVERTER,
+            data_converter=data_converter(payload_store or store_from_env()),
             **kwargs,
         )
     except (RuntimeError, ValueError) as e:  # unreachable / refused, or a malformed address
