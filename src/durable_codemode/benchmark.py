@@ -50,7 +50,6 @@ from temporalio.worker import Replayer
 
 from ._capture import failure_message
 from ._client import start_run
-from ._converter import DATA_CONVERTER
 from ._errors import CodeModeUserError
 from ._worker import create_worker, workflow_runner
 from ._workflow import CodeModeRunWorkflow
@@ -123,7 +122,8 @@ class BenchRow:
     """Runs of the continue-as-new chain (1 when it never continued as new)."""
     history_events: int = 0
     history_bytes: int = 0
-    """Serialized protobuf bytes of every run's history (what the server stores), summed over the chain."""
+    """Serialized protobuf bytes of every run's history (what the server stores), summed over the chain; with a
+    payload store (`CODEMODE_PAYLOAD_STORE`), large payloads count as their references."""
     replay_ok: bool | None = None
     """Every run of the chain replayed offline without divergence; `None` when there was nothing to replay."""
     replay_error: str | None = None
@@ -186,8 +186,9 @@ def check_model(model: str) -> None:
         ) from e
 
 
-async def _replay(histories: Sequence[Any]) -> tuple[bool, str | None, float]:
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
+async def _replay(histories: Sequence[Any], client: Client) -> tuple[bool, str | None, float]:
+    # The client's converter, so runs whose large payloads live in a payload store replay too.
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
                         workflow_runner=workflow_runner())
     started = time.perf_counter()
     try:
@@ -203,7 +204,7 @@ async def _measure_history(row: BenchRow, handle: WorkflowHandle[Any, Any]) -> N
     row.runs = len(histories)
     row.history_events = sum(len(h.events) for h in histories)
     row.history_bytes = sum(History(events=list(h.events)).ByteSize() for h in histories)
-    row.replay_ok, row.replay_error, row.replay_s = await _replay(histories)
+    row.replay_ok, row.replay_error, row.replay_s = await _replay(histories, handle._client)
 
 
 async def run_row(
