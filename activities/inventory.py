@@ -68,7 +68,7 @@ _PRODUCTS = (
 
 
 class Item(TypedDict):
-    """One stocked item."""
+    """One stocked item; it is below its threshold when on_hand < reorder_threshold; unit cost in cents."""
 
     item_id: int
     """The item's id; stable for its lifetime and never reused."""
@@ -103,7 +103,7 @@ class ItemPage(TypedDict):
 
 
 class Order(TypedDict):
-    """One purchase order: `quantity` units of one item at its unit cost."""
+    """One purchase order: quantity units of one item; total_cents = quantity * unit_cost_cents; open or cancelled."""
 
     order_id: int
     """The order's id; never reused."""

@@ -79,7 +79,7 @@ _POINTS = (1, 2, 3, 5, 8, 13)
 
 
 class Task(TypedDict):
-    """One task on the board."""
+    """One task: priority low/medium/high/urgent; status open/in_progress/done (open unless done); points an int."""
 
     task_id: int
     """The task's id; stable for its lifetime and never reused."""
@@ -127,8 +127,13 @@ class Move(TypedDict):
     """One reassignment of a rebalance: task `task_id` goes to `to`."""
 
     task_id: int
+    """The moved task."""
+
     points: int
+    """Its points, added to the target's open points."""
+
     to: str
+    """Its new assignee."""
 
 
 _SCHEMA = """
