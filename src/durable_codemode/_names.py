@@ -14,6 +14,7 @@ __all__ = [
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
     "RUN_CODE_TOOL",
+    "SEAL_REPL_ACTIVITY",
     "WORKFLOW_TYPE",
     "call_digest",
     "nested_call_id",
@@ -29,6 +30,9 @@ MODEL_REQUEST_ACTIVITY = "durable-codemode.model_request"
 
 DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 """Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
+
+SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
+"""Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 RUN_CODE_TOOL = "run_code"
 """The one tool the model sees in code mode."""

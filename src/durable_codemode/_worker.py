@@ -19,6 +19,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent, serve
+from ._carry import repl_key_from_env
 from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
@@ -103,6 +104,7 @@ def create_worker(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     pool: PoolSettings | None = None,
+    repl_key: bytes | str | None = None,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -112,6 +114,9 @@ def create_worker(
         agents: the agents runs on `task_queue` may name.
         task_queue: where runs for these agents are sent.
         pool: Monty pool sizing for this process (first configuration wins once the pool is running).
+        repl_key: the key that seals a run's REPL when the run continues as new, so its variables survive; every
+            worker of the task queue needs the same key. Default: `CODEMODE_REPL_KEY`; with neither, REPLs are
+            not carried (the model is told the REPL restarted).
         worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`).
 
     Raises:
@@ -126,7 +131,8 @@ def create_worker(
             "or Client.connect(..., plugins=[CodeModePlugin()])"
         )
     configure_pool(pool or PoolSettings())
-    activities = CodeModeActivities(agents)
+    key = repl_key.encode() if isinstance(repl_key, str) else repl_key
+    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env())
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
