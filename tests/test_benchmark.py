@@ -16,7 +16,6 @@ from activities.cart import CartTools
 from durable_codemode import CodeModeAgent
 from durable_codemode.benchmark import render_report, run_benchmark
 from durable_codemode.testing import RunCode, scripted_model
-from workflows import all_tasks
 from workflows.cart import CART_TASK, CartInstance
 from workflows.tasks import Mode, Task
 
@@ -89,11 +88,3 @@ async def test_a_failing_row_is_reported_and_the_table_goes_on(client: Client) -
     assert "1/3 rows passed" in report
     assert "FAILED cart.wrong-answer N=5 code mode" in report and "seeding failed on purpose" in report
 
-
-def test_the_registry_lists_every_task_once_with_both_kinds() -> None:
-    tasks = all_tasks()
-    names = [t.name for t in tasks]
-    assert len(names) == len(set(names))
-    assert {"scaling", "long"} <= {t.kind for t in tasks}
-    long = [t for t in tasks if t.kind == "long"]
-    assert all(60 <= n <= 500 for t in long for n in t.sizes)

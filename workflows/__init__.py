@@ -1,13 +1,15 @@
 """The agents this repository deploys: each bundled app's agent, a few lines on top of `durable_codemode`.
 
-- `workflows.cart`: the shopping-cart agent over `activities.cart` (`codemode demo` runs it offline).
-- `workflows.long`: the long-horizon benchmark tasks (multi-step jobs over 60-500 records).
+- `workflows.cart`: the shopping-cart agent over `activities.cart` (`codemode demo` runs it offline);
+  `workflows.calendar`, `workflows.chat`, `workflows.kanban`, `workflows.inventory`: the other four apps;
+- `workflows.cart_inventory`: the `cart-inventory` agent, with both apps' tools, for the job across two apps;
+- `workflows.long` and `workflows.cart_inventory`: the long-horizon benchmark tasks (60-500 records);
 - `workflows.tasks`: the benchmark's task protocol; `all_tasks()` lists every bundled task.
 
 `worker.py` and `codemode dev` / `codemode worker` serve what `agents()` returns. The run workflow itself is
 the library's `CodeModeRunWorkflow`; an app only defines its agent, tools and model.
 
-Registering an app is one line in `_APPS` (its module must export `agents()`), a task one line in `all_tasks()`.
+Registering an app is one line in `_APPS` (its module must export `agents()`), a task one entry in `all_tasks()`.
 The app modules are imported only when asked for: importing `workflows` creates no store.
 """
 
@@ -23,8 +25,9 @@ if TYPE_CHECKING:
 
 __all__ = ["agents", "all_tasks", "app_modules"]
 
-_APPS = ("cart",)
-"""The bundled apps' modules under `workflows`, each exporting `agents() -> list[CodeModeAgent]`."""
+_APPS = ("cart", "calendar", "chat", "kanban", "inventory", "cart_inventory")
+"""The modules under `workflows` whose `agents() -> list[CodeModeAgent]` the worker serves: the five apps, then
+the agent over two of them."""
 
 
 def app_modules() -> list[ModuleType]:
@@ -39,7 +42,12 @@ def agents() -> list[CodeModeAgent]:
 
 def all_tasks() -> list[Task]:
     """Every bundled benchmark task: the apps' scaling tasks, then the long-horizon ones."""
+    from workflows.calendar import CALENDAR_TASK
     from workflows.cart import CART_TASK
-    from workflows.long import LONG_TASKS
+    from workflows.cart_inventory import CART_INVENTORY_TASK
+    from workflows.chat import CHAT_TASK
+    from workflows.inventory import INVENTORY_TASK
+    from workflows.kanban import KANBAN_TASK
+    from workflows.long import LONG_CART_TASK
 
-    return [CART_TASK, *LONG_TASKS]
+    return [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK, LONG_CART_TASK, CART_INVENTORY_TASK]

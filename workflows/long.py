@@ -3,9 +3,7 @@
 - `cart.cap-and-budget` (`LONG_CART_TASK`): over a cart of 60-500 lines, cap every quantity at 3, then remove
   the most expensive lines until the cart fits a budget, then report. Step 2 depends on step 1 (a line's cost
   after the cap decides whether it goes), and the oracle recomputes the exact end state from the seeded cart.
-- The cross-app job (inventory + cart) is not here yet: it needs the inventory app, which lands separately.
-  TODO(cart-inventory): add `CART_INVENTORY_TASK` here (agent name `cart-inventory`, both apps' toolsets) and
-  list it in `LONG_TASKS`.
+- The job across two apps, `cart-inventory.stock-check`, is in `workflows.cart_inventory`.
 
 A real model gets the same prompt; the scripted models (code mode and tool calling) play a careful model's part.
 """
@@ -26,7 +24,7 @@ from workflows.cart import INSTRUCTIONS as CART_INSTRUCTIONS
 from workflows.cart import format_cents
 from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, tool_calling_model
 
-__all__ = ["LONG_CART_TASK", "LONG_LIMITS", "LONG_SIZES", "LONG_TASKS", "CapAndBudgetInstance"]
+__all__ = ["LONG_CART_TASK", "LONG_LIMITS", "LONG_SIZES", "CapAndBudgetInstance"]
 
 LONG_SIZES = (60, 200, 500)
 """The record counts the long-horizon tasks run at by default."""
@@ -190,6 +188,4 @@ LONG_CART_TASK = Task(
     setup=CapAndBudgetInstance,
     description=f"cap every quantity at {CAP}, then remove the most expensive lines until the cart fits a budget",
 )
-
-LONG_TASKS: tuple[Task, ...] = (LONG_CART_TASK,)
-"""The long-horizon tasks, for `workflows.all_tasks()`."""
+"""The cart's long-horizon task."""
