@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from workflows.tasks import Mode, Task
 
 __all__ = [
+    "MIN_MODEL_REQUESTS",
     "MODE_LABELS",
     "PLOT_INSTALL",
     "SCRIPTED_NOTE",
@@ -78,6 +79,11 @@ __all__ = [
 
 MODE_LABELS: dict[str, str] = {"on": "code mode", "off": "tool calling"}
 """How tables and plots name the two modes."""
+
+MIN_MODEL_REQUESTS = 200
+"""Every row's run may make at least this many model requests. The default (50) stops a looping model in
+production; here a model calling tools directly needs one request per batch of calls, and a row must grade the
+model, not the limit."""
 
 SCRIPTED_NOTE = (
     "models: scripted (pydantic-ai FunctionModels playing the model's part, offline). Code mode: the model writes "
@@ -227,6 +233,8 @@ async def run_row(
         try:
             instance = task.setup(Path(tmp), n)
             agent = instance.agent(mode, model)
+            if agent.limits.max_model_requests < MIN_MODEL_REQUESTS:
+                agent.limits = replace(agent.limits, max_model_requests=MIN_MODEL_REQUESTS)
             row.model = _model_name(agent.agent.model) if agent.agent.model is not None else (model or "")
             task_queue = f"bench-{uuid.uuid4().hex[:10]}"
             async with create_worker(client, [agent], task_queue=task_queue):
