@@ -23,7 +23,7 @@ from typing import Any, Literal, cast
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore
+from activities._store import IdempotentTools, SqliteStore, documented
 
 __all__ = [
     "ME",
@@ -89,6 +89,7 @@ _ORGANIZERS = (
 )
 
 
+@documented
 class Event(TypedDict):
     """One calendar event: the owner's own, or an invite from someone else."""
 
@@ -112,6 +113,7 @@ class Event(TypedDict):
     are always `accepted`."""
 
 
+@documented
 class EventPage(TypedDict):
     """One page of `list_events`."""
 
@@ -125,6 +127,7 @@ class EventPage(TypedDict):
     """How many events match the listing (all of them, or those with the `status` asked for)."""
 
 
+@documented
 class DeletedEvent(TypedDict):
     """The outcome of `delete_event`."""
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore
+from activities._store import IdempotentTools, SqliteStore, documented
 
 __all__ = [
     "BOT",
@@ -117,6 +117,7 @@ _GENERAL = (
 """#general's messages: a refund question in the wrong channel, among others."""
 
 
+@documented
 class Channel(TypedDict):
     """One channel."""
 
@@ -130,6 +131,7 @@ class Channel(TypedDict):
     """How many messages it has, thread replies included."""
 
 
+@documented
 class Message(TypedDict):
     """One message: a top-level post in a channel, or a reply in a top-level post's thread."""
 
@@ -158,6 +160,7 @@ class Message(TypedDict):
     """Whether its text was edited after posting."""
 
 
+@documented
 class MessagePage(TypedDict):
     """One page of `list_messages`."""
 
@@ -171,6 +174,7 @@ class MessagePage(TypedDict):
     """How many messages the channel has, thread replies included."""
 
 
+@documented
 class DeletedMessage(TypedDict):
     """The outcome of `delete_message`."""
 

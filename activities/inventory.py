@@ -24,7 +24,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore
+from activities._store import IdempotentTools, SqliteStore, documented
 
 __all__ = [
     "ORDER_STATUSES",
@@ -67,6 +67,7 @@ _PRODUCTS = (
 )
 
 
+@documented
 class Item(TypedDict):
     """One stocked item; it is below its threshold when on_hand < reorder_threshold; unit cost in cents."""
 
@@ -89,6 +90,7 @@ class Item(TypedDict):
     """What one unit costs to buy, in cents (1250 is $12.50)."""
 
 
+@documented
 class ItemPage(TypedDict):
     """One page of `list_items`."""
 
@@ -102,6 +104,7 @@ class ItemPage(TypedDict):
     """How many items there are, on all pages."""
 
 
+@documented
 class Order(TypedDict):
     """One purchase order: quantity units of one item; total_cents = quantity * unit_cost_cents; open or cancelled."""
 
@@ -127,6 +130,7 @@ class Order(TypedDict):
     """`open`, or `cancelled`."""
 
 
+@documented
 class OrderPage(TypedDict):
     """One page of `list_orders`."""
 
@@ -140,6 +144,7 @@ class OrderPage(TypedDict):
     """How many orders match, on all pages."""
 
 
+@documented
 class DeletedItem(TypedDict):
     """The outcome of `delete_item`."""
 

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore
+from activities._store import IdempotentTools, SqliteStore, documented
 
 __all__ = [
     "PAGE_SIZE",
@@ -78,6 +78,7 @@ _TITLES = (
 _POINTS = (1, 2, 3, 5, 8, 13)
 
 
+@documented
 class Task(TypedDict):
     """One task: priority low/medium/high/urgent; status open/in_progress/done (open unless done); points an int."""
 
@@ -100,6 +101,7 @@ class Task(TypedDict):
     """The estimate in story points, 0 to 100."""
 
 
+@documented
 class TaskPage(TypedDict):
     """One page of `list_tasks`."""
 
@@ -113,6 +115,7 @@ class TaskPage(TypedDict):
     """How many tasks match the filters, on all pages."""
 
 
+@documented
 class DeletedTask(TypedDict):
     """The outcome of `delete_task`."""
 
@@ -123,6 +126,7 @@ class DeletedTask(TypedDict):
     """True: the task is gone."""
 
 
+@documented
 class Move(TypedDict):
     """One reassignment of a rebalance: task `task_id` goes to `to`."""
 

@@ -1,9 +1,10 @@
 """The floor of the long-run benchmark: a bare workflow doing the same batches, continuing as new as often.
 
 `LongFloorWorkflow` runs `batches` batches of `size` gathered `bench.floor_get` activities (from `bench.floor`),
-continuing as new after every `per_run` batches and carrying the running total, which is what a hand-written
-Temporal workflow would do for the long-run task. `BigFloorWorkflow` makes one activity return `size` bytes, the
-floor of the large-payload row.
+each after one `bench.floor_model` activity (the model turn that wrote the code-mode run's snippet), plus one for
+the final answer, continuing as new after every `per_run` batches and carrying the running total: what a
+hand-written Temporal workflow would do for the long-run task. `BigFloorWorkflow` makes one activity return
+`size` bytes, the floor of the large-payload row.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import timedelta
 
 from temporalio import activity, workflow
 
-from bench.floor import floor_get
+from bench.floor import floor_get, floor_model
 
 __all__ = ["BigFloorWorkflow", "LongFloorInput", "LongFloorWorkflow", "floor_big"]
 
@@ -41,14 +42,14 @@ class LongFloorWorkflow:
         total, done = input.total, input.done
         for _ in range(input.per_run):
             if done == input.batches:
+                await workflow.execute_activity(floor_model, done, start_to_close_timeout=_TIMEOUT)
                 return total
+            await workflow.execute_activity(floor_model, done, start_to_close_timeout=_TIMEOUT)
             results = await asyncio.gather(*(
                 workflow.execute_activity(floor_get, i, start_to_close_timeout=_TIMEOUT) for i in range(input.size)
             ))
             total += sum(results)
             done += 1
-        if done == input.batches:
-            return total
         workflow.continue_as_new(LongFloorInput(batches=input.batches, size=input.size, per_run=input.per_run,
                                                 done=done, total=total))
 

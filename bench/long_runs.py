@@ -28,7 +28,7 @@ from pydantic_ai import Agent
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.worker import Replayer, Worker
 
-from bench.floor import floor_get
+from bench.floor import floor_get, floor_model
 from bench.long_floor import BigFloorWorkflow, LongFloorInput, LongFloorWorkflow, floor_big
 from bench.run_bench import machine, run_and_exit
 from durable_codemode import (
@@ -113,7 +113,7 @@ async def run(args: argparse.Namespace) -> int:
             agents = [long_agent(args.snippets, args.calls, args.per_run), big_agent(size)]
             cm = create_worker(client, agents, task_queue=CM_QUEUE, repl_key=secrets.token_bytes(32))
             floor = Worker(client, task_queue=FLOOR_QUEUE, workflows=[LongFloorWorkflow, BigFloorWorkflow],
-                           activities=[floor_get, floor_big])
+                           activities=[floor_get, floor_model, floor_big])
             async with cm, floor:
                 expected = args.snippets * sum(range(args.calls))
                 # Long run, code mode.
