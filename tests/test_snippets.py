@@ -352,3 +352,14 @@ async def test_no_sandbox_process_is_held_while_the_model_thinks(client: Client)
     result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
     assert held == [0]
     assert eval(result.output) == {"result": 41}
+
+
+async def test_later_snippets_may_rebind_earlier_variables(client: Client) -> None:
+    # Monty's checker types `x = 1` as Literal[1] for later snippets; rebinding is ordinary REPL use.
+    steps = [RunCode("x = 1\nname = 'a'"), RunCode("nope = await get(i=missing)"), RunCode("x += 1\nname = 3\ny = 5"),
+             RunCode("x = x + y\n[x, name]"), echo]
+    result, _ = await run(client, *steps)
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["ok", "rejected", "ok", "ok"]
+    assert "`missing` used when not defined" in snippets[1].result  # unknown names are still caught up front
+    assert eval(result.output)["result"] == [7, 3]

@@ -13,6 +13,7 @@ from ._converter import DATA_CONVERTER
 from ._devserver import start_dev_server, temporal_cli_path
 from ._errors import AgentNotFoundError, CodeModeError, CodeModeUserError, TransientToolError
 from ._pool import PoolSettings
+from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
 from ._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
 from ._workflow import CodeModeRunWorkflow
@@ -32,6 +33,7 @@ __all__ = [
     "CodeModePlugin",
     "CodeModeRunWorkflow",
     "CodeModeUserError",
+    "LocalPayloadStore",
     "PendingApproval",
     "PoolSettings",
     "RunInput",
@@ -47,6 +49,7 @@ __all__ = [
     "connect",
     "create_worker",
     "current_call",
+    "data_converter",
     "decide",
     "decide_all",
     "pending_approvals",

@@ -21,9 +21,10 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from ._agent import CodeModeAgent
+from ._carry import SealRequest, SealResult, monty_version, seal
 from ._context import ToolCallContext, bind_call
 from ._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
-from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
 from ._types import AgentSpec, ModelRequestInput, ToolCallInput
 
 __all__ = ["CodeModeActivities"]
@@ -49,7 +50,8 @@ def _validation_message(tool: str, error: ValidationError) -> str:
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
 
-    def __init__(self, agents: Sequence[CodeModeAgent]) -> None:
+    def __init__(self, agents: Sequence[CodeModeAgent], *, repl_key: bytes | None = None) -> None:
+        self._repl_key = repl_key
         self._agents: dict[str, CodeModeAgent] = {}
         for agent in agents:
             if agent.name in self._agents:
@@ -75,7 +77,7 @@ class CodeModeActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
-        return [self.describe_agent, self.model_request, self.run_tool]
+        return [self.describe_agent, self.model_request, self.seal_repl, self.run_tool]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str) -> AgentSpec:
@@ -84,6 +86,14 @@ class CodeModeActivities:
             return await self.agent(name).describe()
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+
+    @activity.defn(name=SEAL_REPL_ACTIVITY)
+    async def seal_repl(self, request: SealRequest) -> SealResult:
+        """Seal a REPL dump's digest with this worker's key (see `_carry`); `seal=None` without a key."""
+        mine = monty_version()
+        key = self._repl_key
+        return SealResult(seal=seal(key, request.digest, request.written_by or mine) if key else None,
+                          monty_version=mine)
 
     @activity.defn(name=MODEL_REQUEST_ACTIVITY)
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:

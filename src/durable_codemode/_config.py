@@ -111,6 +111,10 @@ class SnippetLimits:
     cache, one workflow task replays every earlier snippet: this keeps that replay far from the 10 s workflow
     task timeout."""
 
+    max_carried_repl_bytes: int = 1024 * 1024
+    """Largest REPL dump carried across continue-as-new (it travels in the new run's input, under Temporal's 2 MiB
+    payload limit with the conversation); a bigger REPL is restarted, with a note to the model."""
+
     max_model_requests: int = 50
     """Model requests over the whole agent run (across continue-as-new); past it the run fails with a clear
     error instead of looping forever."""
@@ -118,7 +122,7 @@ class SnippetLimits:
     def __post_init__(self) -> None:
         problems: list[str] = []
         for name in ("max_tool_calls", "max_memory_bytes", "max_recursion_depth", "max_output_bytes",
-                     "max_snippets_per_run", "max_model_requests"):
+                     "max_snippets_per_run", "max_model_requests", "max_carried_repl_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("max_turn_seconds", "max_feed_seconds"):

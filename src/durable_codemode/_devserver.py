@@ -13,9 +13,9 @@ from pathlib import Path
 
 from temporalio.testing import WorkflowEnvironment
 
-from ._converter import DATA_CONVERTER
 from ._errors import CodeModeUserError
 from ._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
+from ._storage import data_converter, store_from_env
 
 __all__ = ["DEV_SERVER_DEFAULT_ARGS", "start_dev_server", "temporal_cli_path"]
 
@@ -91,7 +91,7 @@ async def start_dev_server(
                 f"or use that server by setting TEMPORAL_ADDRESS=127.0.0.1:{number}"
             )
     return await WorkflowEnvironment.start_local(
-        data_converter=DATA_CONVERTER,
+        data_converter=data_converter(store_from_env()),  # CODEMODE_PAYLOAD_STORE, as `connect()`
         dev_server_existing_path=temporal_cli_path(),
         dev_server_database_filename=str(db_file) if db_file is not None else None,
         dev_server_log_level="error",

@@ -43,6 +43,7 @@ from ._converter import DATA_CONVERTER
 from ._errors import CodeModeUserError
 from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
 from ._results import preview
+from ._storage import env_stores, resolve_history, stores_of
 from ._trace import CallStatus, RunTrace, TraceApproval, TraceCall, TraceRun, TraceSnippet, TraceTurn
 from ._types import AgentSpec, CallRecord, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 
@@ -93,11 +94,14 @@ async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None 
 
     """
     try:
-        return await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
     except RPCError as e:
         if _not_found(e):
             raise RunNotFoundError(workflow_id, client.service_client.config.target_host) from e
         raise
+    # Large payloads kept in a payload store are references in the history: read them back once, here, so every
+    # tool reading this history sees values.
+    return await resolve_history(history, stores_of(client.data_converter) or env_stores())
 
 
 async def fetch_chain(client: Client, workflow_id: str) -> list[WorkflowHistory]:
@@ -722,6 +726,7 @@ async def trace_histories(
     """
     captures: list[ReplayCapture] = []
     notes: list[str] = []
+    histories = [await resolve_history(h, env_stores()) for h in histories]  # e.g. exported with references
     if replay:
         for history in histories:
             capture = await replay_history(history, runtime=runtime)

@@ -16,6 +16,7 @@ __all__ = [
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
     "RUN_CODE_TOOL",
+    "SEAL_REPL_ACTIVITY",
     "STATUS_MEMO",
     "STATUS_RUNNING",
     "STATUS_SEARCH_ATTRIBUTE",
@@ -35,6 +36,9 @@ MODEL_REQUEST_ACTIVITY = "durable-codemode.model_request"
 
 DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 """Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
+
+SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
+"""Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 RUN_CODE_TOOL = "run_code"
 """The one tool the model sees in code mode."""

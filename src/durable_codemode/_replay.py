@@ -47,6 +47,7 @@ from ._history import (
 )
 from ._names import MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
 from ._results import preview
+from ._storage import env_stores, resolve_history
 from ._trace import RunTrace, TraceSnippet
 
 __all__ = [
@@ -563,7 +564,7 @@ async def replay_histories(histories: Sequence[WorkflowHistory], *, runtime: Run
     if not histories:
         raise CodeModeUserError("no history to replay")
     report = ReplayReport(workflow_id=histories[0].workflow_id)
-    for history in histories:
+    for history in [await resolve_history(h, env_stores()) for h in histories]:
         report.runs.append(await _replay_one(history, runtime))
     return report
 

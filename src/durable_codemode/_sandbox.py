@@ -95,6 +95,24 @@ class SnippetOutcome:
         return preview(self.content)
 
 
+_REBINDING = "error[invalid-assignment]"
+_UNKNOWN_NAME = "error[unresolved-reference]"
+
+
+def _real_type_errors(error: MontyTypingError, *, lenient_names: bool) -> str:
+    """The diagnostics of a rejected snippet worth rejecting it for (one per line in the concise format).
+
+    Monty types a REPL's variables by their first value (`x = 1` declares `Literal[1]` for later snippets), so
+    rebinding one in a later snippet (`x += 1`, `x = 'done'`) is reported as an invalid assignment. That is
+    ordinary REPL use, so those diagnostics are dropped, and such a snippet runs unchecked. An unchecked snippet
+    does not join the checker's context, so once one has run, the names it defined look unknown to the checker
+    (`lenient_names`): unknown names are then left to the runtime's `NameError`. Everything else (missing
+    `await`, wrong tool arguments) still rejects the snippet before it runs.
+    """
+    dropped = (_REBINDING, _UNKNOWN_NAME) if lenient_names else (_REBINDING,)
+    return "\n".join(line for line in error.display().splitlines() if not any(d in line for d in dropped)).strip()
+
+
 def _is_time_limit(error: MontyRuntimeError) -> bool:
     exc = error.exception()
     return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
@@ -125,6 +143,8 @@ class Repl:
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
         self._idle_state: bytes | None = None
         """The REPL between snippets, dumped while the run waits on the model."""
+        self.lenient_names = False
+        """A snippet ran unchecked, so the type checker no longer knows every name (see `_real_type_errors`)."""
         self._task_queue = workflow.info().task_queue
 
     def _checkout(self) -> pydantic_monty.MontySession:
@@ -161,6 +181,16 @@ class Repl:
         return session
 
     @property
+    def idle_dump(self) -> bytes | None:
+        """The REPL as it stands between snippets; `None` if it was never used (or was restarted and not used)."""
+        return self._idle_state
+
+    def preload(self, state: bytes, *, lenient_names: bool) -> None:
+        """Start from a session dump (a REPL carried across continue-as-new); loaded at the next snippet."""
+        self._idle_state = state
+        self.lenient_names = lenient_names
+
+    @property
     def held(self) -> bool:
         """Whether this REPL holds a sandbox process right now."""
         return self._session is not None
@@ -191,14 +221,24 @@ class Repl:
         if restart:
             self.close()
             self._idle_state = None
+            self.lenient_names = False
+        lost: str | None = None
         if self._session is None:
             # Checkout happens on first use, so a run that never calls run_code holds no sandbox process.
             self._session = self._checkout()
-            if self._idle_state is not None:
-                self._session.load_session(self._idle_state)
-                self._idle_state = None
+            state, self._idle_state = self._idle_state, None
+            if state is not None:
+                try:
+                    self._session.load_session(state)
+                except MontyError as e:  # deterministic for the same dump and Monty version, so replay-safe
+                    self.close()
+                    self._session = self._checkout()
+                    lost = (f"The REPL could not be restored ({type(e).__name__}: {e}) and was restarted: variables "
+                            "from earlier run_code calls are gone.")
         driver = _SnippetDriver(self, self._tools, code, run_code_id)
         outcome = await driver.drive(self._session)
+        if lost is not None and isinstance(outcome.content, dict):
+            outcome.content["note"] = lost
         if outcome.ends_run:
             self.close()
         elif self._session is not None:
@@ -237,7 +277,13 @@ class _SnippetDriver:
         limits = self._spec.limits
         try:
             try:
-                snap = session.feed_start(self._code, print_callback=self._streams)
+                try:
+                    snap = session.feed_start(self._code, print_callback=self._streams)
+                except MontyTypingError as e:
+                    if _real_type_errors(e, lenient_names=self._repl.lenient_names):
+                        raise
+                    snap = session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
+                    self._repl.lenient_names = True
                 while not isinstance(snap, MontyComplete):
                     if isinstance(snap, FunctionSnapshot):
                         snap = await self._answer_call(snap)
@@ -254,7 +300,7 @@ class _SnippetDriver:
         except MontySyntaxError as e:
             return self._rejected("SyntaxError", e.display("type-msg"), e)
         except MontyTypingError as e:
-            return self._rejected("type error", e.display(), e)
+            return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names), e)
         except MontyRuntimeError as e:
             if _is_time_limit(e):
                 return SnippetOutcome(

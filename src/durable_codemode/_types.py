@@ -16,6 +16,7 @@ from pydantic_ai.usage import RunUsage
 from temporalio.common import RetryPolicy
 
 from ._approvals import ApprovalRecord
+from ._carry import CarriedRepl
 from ._config import SnippetLimits
 
 __all__ = [
@@ -29,7 +30,12 @@ __all__ = [
     "ToolCallInput",
     "ToolSpec",
     "TurnRecord",
+    "bound_turns",
 ]
+
+TURNS_BUDGET_BYTES = 512 * 1024
+"""Roughly how much of a run's result (and of each continue-as-new input) its turn records may take: a record is
+~300 B, and Temporal refuses payloads over 2 MiB, which 25 snippets of 500 calls would pass."""
 
 
 @dataclass(kw_only=True)
@@ -121,6 +127,9 @@ class SnippetRecord:
     result: str
     """A preview of what the model got back."""
     calls: list[CallRecord] = field(default_factory=list)
+    omitted_calls: int = 0
+    """Call records dropped from `calls` to keep a long run's summary under Temporal's payload limit (oldest
+    snippets first, see `bound_turns`); the calls themselves are in the history (`codemode trace`)."""
 
 
 @dataclass(kw_only=True)
@@ -132,6 +141,8 @@ class TurnRecord:
     """The text parts of the response (the final answer, on the last turn)."""
     snippets: list[SnippetRecord] = field(default_factory=list)
     direct_calls: list[CallRecord] = field(default_factory=list)
+    omitted_direct_calls: int = 0
+    """Like `SnippetRecord.omitted_calls`, for `direct_calls`."""
 
 
 @dataclass(kw_only=True)
@@ -146,6 +157,8 @@ class Continuation:
     note: str | None = None
     """Why the last run continued as new, when the model must be told (e.g. the REPL was restarted)."""
     approvals: list[ApprovalRecord] = field(default_factory=list)
+    repl: CarriedRepl | None = None
+    """The REPL's variables, sealed by the worker (see `_carry`); `None`: the next run starts a fresh REPL."""
 
 
 @dataclass(kw_only=True)
@@ -162,7 +175,10 @@ class RunResult:
 
     @property
     def nested_calls(self) -> list[CallRecord]:
-        """Every tool call made from a snippet, in order."""
+        """Every tool call made from a snippet, in order.
+
+        A very long run's oldest call records may be omitted to bound the result (`SnippetRecord.omitted_calls`).
+        """
         return [c for t in self.turns for s in t.snippets for c in s.calls]
 
     @property
@@ -188,3 +204,27 @@ class ToolCallInput:
     tool: str
     args: dict[str, Any]
     call_id: str
+
+
+def _size(call: CallRecord) -> int:
+    return len(call.call_id) + len(call.tool) + len(call.args) + len(call.result) + 160  # keys, timestamps
+
+
+def bound_turns(turns: list[TurnRecord], budget: int = TURNS_BUDGET_BYTES) -> None:
+    """Drop the call records of the oldest snippets (and direct calls) until the records fit `budget` (in place).
+
+    Turns, snippets, their code and result previews are kept; only per-call detail goes, counted in
+    `omitted_calls`. It is deterministic, as workflow code must be.
+    """
+    total = sum(len(s.code) + len(s.result) + 120 + sum(_size(c) for c in s.calls)
+                for t in turns for s in t.snippets) + sum(_size(c) for t in turns for c in t.direct_calls)
+    for turn in turns:
+        if total <= budget:
+            return
+        for snippet in turn.snippets:
+            total -= sum(_size(c) for c in snippet.calls)
+            snippet.omitted_calls += len(snippet.calls)
+            snippet.calls = []
+        total -= sum(_size(c) for c in turn.direct_calls)
+        turn.omitted_direct_calls += len(turn.direct_calls)
+        turn.direct_calls = []

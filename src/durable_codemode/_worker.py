@@ -14,15 +14,18 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
+from temporalio.converter import StorageDriver
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent, serve
+from ._carry import repl_key_from_env
 from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
 from ._sandbox import close_repls
+from ._storage import data_converter, store_from_env
 from ._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ._workflow import CodeModeRunWorkflow
 
@@ -77,13 +80,17 @@ class CodeModePlugin(SimplePlugin):
 
 
 async def connect(
-    address: str | None = None, *, namespace: str | None = None, tracing: bool = False, **kwargs: Any
+    address: str | None = None, *, namespace: str | None = None, payload_store: StorageDriver | None = None,
+    tracing: bool = False, **kwargs: Any,
 ) -> Client:
     """A client for durable-codemode runs.
 
     Args:
         address: `host:port`; defaults to `TEMPORAL_ADDRESS`, else `localhost:7233`.
         namespace: defaults to `TEMPORAL_NAMESPACE`, else `default`.
+        payload_store: where payloads over 256 KiB go instead of the history (a `LocalPayloadStore`, or any
+            Temporal `StorageDriver` such as S3's); defaults to `CODEMODE_PAYLOAD_STORE`, else none. Workers
+            built on this client use it too; every client, worker and replayer of these runs needs the same.
         tracing: add Temporal's OpenTelemetry interceptor: runs started inside a span are traced under it, and
             workers created from this client trace their runs. Needs `opentelemetry-sdk`.
         kwargs: passed to `Client.connect` (e.g. `tls`, `api_key`).
@@ -99,7 +106,7 @@ async def connect(
         return await Client.connect(
             target,
             namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-            data_converter=DATA_CONVERTER,
+            data_converter=data_converter(payload_store or store_from_env()),
             **kwargs,
         )
     except (RuntimeError, ValueError) as e:  # unreachable / refused, or a malformed address
@@ -116,6 +123,7 @@ def create_worker(
     task_queue: str = DEFAULT_TASK_QUEUE,
     pool: PoolSettings | None = None,
     tracing: bool | None = None,
+    repl_key: bytes | str | None = None,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -125,6 +133,9 @@ def create_worker(
         agents: the agents runs on `task_queue` may name.
         task_queue: where runs for these agents are sent.
         pool: Monty pool sizing for this process (first configuration wins once the pool is running).
+        repl_key: the key that seals a run's REPL when the run continues as new, so its variables survive; every
+            worker of the task queue needs the same key. Default: `CODEMODE_REPL_KEY`; with neither, REPLs are
+            not carried (the model is told the REPL restarted).
         tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (the
             README's Observability section). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
@@ -143,7 +154,8 @@ def create_worker(
             "or Client.connect(..., plugins=[CodeModePlugin()])"
         )
     configure_pool(pool or PoolSettings())
-    activities = CodeModeActivities(agents)
+    key = repl_key.encode() if isinstance(repl_key, str) else repl_key
+    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env())
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))

@@ -9,9 +9,10 @@ pydantic-ai still supplies the models, the message format, the tools and their s
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Coroutine
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -48,10 +49,12 @@ with workflow.unsafe.imports_passed_through():
         PendingApproval,
         denial_message,
     )
+    from ._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from ._names import (
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         RUN_CODE_TOOL,
+        SEAL_REPL_ACTIVITY,
         WORKFLOW_TYPE,
         tool_activity_id,
     )
@@ -69,6 +72,7 @@ with workflow.unsafe.imports_passed_through():
         ToolCallInput,
         ToolSpec,
         TurnRecord,
+        bound_turns,
     )
 
 __all__ = ["CodeModeRunWorkflow"]
@@ -77,10 +81,7 @@ _MODEL_TIMEOUT = timedelta(minutes=5)
 _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
-_REPL_RESTARTED_NOTE = (
-    "[durable-codemode] This long run continued in a fresh workflow run: the run_code REPL was restarted, so "
-    "variables, imports and functions from earlier run_code calls are gone. Everything the tools did still holds."
-)
+_SEAL_TIMEOUT = timedelta(seconds=10)
 
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
@@ -200,6 +201,10 @@ class CodeModeRunWorkflow:
                 type="InvalidRunInput", non_retryable=True,
             )
         repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending)
+        if cont.repl is not None:
+            refused = await self._restore_repl(cont.repl, repl)
+            if refused is not None:
+                messages = self._with_note(messages, carry_refused_note(refused))
         try:
             return await self._progress.run(self._loop(input, cont, messages, repl), agent=spec.agent,
                                             run_index=cont.runs)
@@ -221,7 +226,7 @@ class CodeModeRunWorkflow:
                     type="ModelRequestLimitExceeded", non_retryable=True,
                 )
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
-                self._continue_as_new(input, cont, messages, note=None)
+                await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
             response = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
@@ -240,6 +245,7 @@ class CodeModeRunWorkflow:
             calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
             if not calls:
                 if text:
+                    bound_turns(turns)
                     return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs,
                                      approvals=self._approvals.audit)
                 messages.append(self._request([RetryFeedbackPart(
@@ -388,20 +394,66 @@ class CodeModeRunWorkflow:
         return settled, CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
                                    started_at=started, finished_at=workflow.now())
 
-    def _continue_as_new(
-        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None
+    async def _seal(self, request: SealRequest) -> SealResult:
+        result: SealResult = await workflow.execute_local_activity(
+            SEAL_REPL_ACTIVITY, request, result_type=SealResult, start_to_close_timeout=_SEAL_TIMEOUT,
+            retry_policy=RetryPolicy(maximum_attempts=3), summary="seal the REPL")
+        return result
+
+    async def _restore_repl(self, carried: CarriedRepl, repl: Repl) -> str | None:
+        """Load the REPL the last run carried, if its seal holds; else why not (for the model's note)."""
+        dump = carried.dump()
+        if digest(dump) != carried.digest:
+            return "its dump does not match its digest"
+        check = await self._seal(SealRequest(digest=carried.digest, written_by=carried.monty_version))
+        if check.seal is None:
+            return "this worker has no REPL key (CODEMODE_REPL_KEY)"
+        if not hmac.compare_digest(check.seal, carried.seal):
+            return "its seal does not check out under this worker's REPL key"
+        if check.monty_version != carried.monty_version:
+            return f"it was written by pydantic-monty {carried.monty_version}; this worker runs {check.monty_version}"
+        repl.preload(dump, lenient_names=carried.lenient_names)
+        return None
+
+    async def _continue_as_new_between_turns(
+        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
     ) -> None:
+        """Continue as new at a turn boundary (snippet cap, Temporal's suggestion), carrying the REPL if it can."""
+        dump = repl.idle_dump
+        if dump is None:
+            self._continue_as_new(input, cont, messages, note=None)
+        limit = cont.spec.limits.max_carried_repl_bytes
+        if len(dump) > limit:
+            refused = (f"it is {len(dump):,} bytes, over SnippetLimits.max_carried_repl_bytes "
+                                   f"({limit:,})")
+        else:
+            sealed = await self._seal(SealRequest(digest=digest(dump)))
+            if sealed.seal is not None:
+                carried = CarriedRepl.of(dump, written_by=sealed.monty_version, sealed=sealed.seal,
+                                         lenient_names=repl.lenient_names)
+                self._continue_as_new(input, cont, messages, note=None, repl=carried)
+            refused = "the worker has no REPL key: set CODEMODE_REPL_KEY on every worker to carry it"
+        # Say so, or the model's next program would trip over variables that are gone.
+        self._continue_as_new(input, cont, self._with_note(messages, carry_refused_note(refused)), note=None)
+
+    @staticmethod
+    def _with_note(messages: list[ModelMessage], note: str) -> list[ModelMessage]:
+        """`messages` with `note` added to the last request, for the model to read with the tool results."""
         last = messages[-1]
-        if note is None and cont.spec.code_mode and isinstance(last, ModelRequest):
-            # A boundary continue-as-new (snippet cap, Temporal's suggestion) starts a fresh REPL; say so, or the
-            # model's next program would trip over variables that are gone.
-            messages = [*messages[:-1], ModelRequest(
-                parts=[*last.parts, UserPromptPart(_REPL_RESTARTED_NOTE, timestamp=workflow.now())],
-                instructions=last.instructions, timestamp=last.timestamp)]
+        if not isinstance(last, ModelRequest):
+            return messages
+        return [*messages[:-1], ModelRequest(parts=[*last.parts, UserPromptPart(note, timestamp=workflow.now())],
+                                             instructions=last.instructions, timestamp=last.timestamp)]
+
+    def _continue_as_new(
+        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None,
+        repl: CarriedRepl | None = None,
+    ) -> NoReturn:
+        bound_turns(cont.turns)
         workflow.continue_as_new(RunInput(
             agent=input.agent,
             message_history=messages,
             model=input.model,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
-                                      note=note, approvals=self._approvals.audit),
+                                      note=note, approvals=self._approvals.audit, repl=repl),
         ))

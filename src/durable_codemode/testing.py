@@ -35,7 +35,6 @@ from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
 from ._agent import CodeModeAgent
 from ._context import ToolCallContext, bind_call
-from ._converter import DATA_CONVERTER
 from ._devserver import start_dev_server
 from ._names import RUN_CODE_TOOL
 from ._worker import create_worker, workflow_runner
@@ -153,7 +152,8 @@ async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
 
 async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]:
     """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
+    # The client's converter, so runs whose large payloads live in a payload store replay too.
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=handle._client.data_converter,
                         workflow_runner=workflow_runner())
     results = []
     for history in await fetch_chain_histories(handle):

@@ -1,0 +1,194 @@
+"""Claim-check for large payloads: Temporal's external payload storage, with a local store of ours.
+
+A tool result of a few MB (a report, a page of raw records), a long conversation or a big REPL dump would pass
+Temporal's 2 MiB payload limit and fail the call or the workflow task. With a payload store configured, every
+payload over a threshold (256 KiB by default) is written to the store and the history holds only a reference
+(Temporal's `ExternalStorage`, applied by the data converter on clients, workers and replayers alike). The
+workflow code sees the full values, so nothing else changes.
+
+`LocalPayloadStore` keeps payloads as content-addressed files in a directory: enough for one machine, a shared
+volume, or debugging, where an exported history plus the directory replays offline. For a cluster, use a
+shared driver from Temporal (`temporalio.contrib.aws.s3driver`, `temporalio.contrib.gcp.gcsdriver`) with
+`data_converter(store=...)`: it takes any `StorageDriver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from temporalio.api.common.v1 import Payload
+from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
+from temporalio.client import WorkflowHistory
+from temporalio.converter import (
+    DataConverter,
+    ExternalStorage,
+    JSONProtoPayloadConverter,
+    StorageDriver,
+    StorageDriverClaim,
+    StorageDriverRetrieveContext,
+    StorageDriverStoreContext,
+)
+
+from ._converter import DATA_CONVERTER
+from ._errors import CodeModeUserError
+
+__all__ = ["DEFAULT_PAYLOAD_THRESHOLD", "PAYLOAD_STORE_ENV", "LocalPayloadStore", "data_converter",
+           "env_stores", "resolve_history", "store_from_env", "stores_of"]
+
+PAYLOAD_STORE_ENV = "CODEMODE_PAYLOAD_STORE"
+"""A directory for `LocalPayloadStore`; set it on every client, worker and replayer of the namespace."""
+
+DEFAULT_PAYLOAD_THRESHOLD = 256 * 1024
+"""Payloads at least this big (bytes, encoded) go to the store; smaller ones stay in the history."""
+
+
+class LocalPayloadStore(StorageDriver):
+    """Payloads as files named by their SHA-256 in `directory`; a retrieved payload is checked against its name."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, name: str = "durable-codemode-local") -> None:
+        """Store payloads under `directory` (created if missing).
+
+        Args:
+            directory: Where payload files go. Every process that reads these histories needs it.
+            name: The driver name written into each reference; keep it stable, or old references will not resolve.
+
+        """
+        self.directory = Path(directory).expanduser()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._name = name
+
+    def name(self) -> str:
+        """The driver name recorded in references."""
+        return self._name
+
+    def type(self) -> str:
+        """A stable type name for this driver."""
+        return "durable-codemode.local-file"
+
+    def _path(self, digest: str) -> Path:
+        if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise ValueError(f"not a payload reference of this store: {digest!r}")
+        return self.directory / digest[:2] / digest
+
+    def _write(self, data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        path = self._path(digest)
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            # Write then rename: a reader never sees half a payload, and two writers of one payload agree.
+            fd, tmp = tempfile.mkstemp(dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        return digest
+
+    def _read(self, digest: str) -> bytes:
+        path = self._path(digest)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"payload {digest} is not in the payload store {self.directory}: point {PAYLOAD_STORE_ENV} (or "
+                "LocalPayloadStore) at the directory the run's workers wrote to"
+            ) from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"payload file {path} does not match its digest: the store is corrupt")
+        return data
+
+    async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        """Write each payload; the claim is its SHA-256."""
+        digests = await asyncio.to_thread(lambda: [self._write(p.SerializeToString()) for p in payloads])
+        return [StorageDriverClaim(claim_data={"sha256": d}) for d in digests]
+
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
+        """Read each claimed payload back."""
+        blobs = await asyncio.to_thread(lambda: [self._read(c.claim_data["sha256"]) for c in claims])
+        return [Payload.FromString(b) for b in blobs]
+
+
+def data_converter(store: StorageDriver | None = None, *, threshold: int = DEFAULT_PAYLOAD_THRESHOLD) -> DataConverter:
+    """The durable-codemode data converter, offloading payloads of `threshold` bytes or more to `store`.
+
+    `store=None`: the plain converter (`DATA_CONVERTER`), every payload in the history.
+    """
+    if store is None:
+        return DATA_CONVERTER
+    if threshold < 0:
+        raise CodeModeUserError(f"the payload threshold must be 0 or more bytes, got {threshold}")
+    return dataclasses.replace(
+        DATA_CONVERTER, external_storage=ExternalStorage(drivers=[store], payload_size_threshold=threshold)
+    )
+
+
+def store_from_env() -> LocalPayloadStore | None:
+    """`LocalPayloadStore(CODEMODE_PAYLOAD_STORE)` when that is set, else `None`."""
+    directory = os.environ.get(PAYLOAD_STORE_ENV, "").strip()
+    return LocalPayloadStore(directory) if directory else None
+
+
+_REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
+
+
+def _payload_fields(message: Message) -> Iterator[Payload]:
+    """Every `Payload` inside a protobuf message, at any depth (repeated and map fields included)."""
+    for field, value in message.ListFields():
+        if field.type != FieldDescriptor.TYPE_MESSAGE:
+            continue
+        if isinstance(value, Message):
+            items: Iterable[Any] = (value,)
+        elif hasattr(value, "values"):  # a map field
+            items = [v for v in value.values() if isinstance(v, Message)]
+        else:  # a repeated field
+            items = value
+        for item in items:
+            if isinstance(item, Payload):
+                yield item
+            else:
+                yield from _payload_fields(item)
+
+
+async def resolve_history(history: WorkflowHistory, drivers: Sequence[StorageDriver]) -> WorkflowHistory:
+    """Replace every external-storage reference in `history` by the payload it names (in place; returns it).
+
+    The debugging tools read payloads straight from histories; after this they see the values, not references,
+    and a resolved history replays without a store.
+    """
+    by_name = {d.name(): d for d in drivers}
+    converter = JSONProtoPayloadConverter()
+    for event in history.events:
+        for payload in _payload_fields(event):
+            if payload.metadata.get("messageType") != _REFERENCE_TYPE:
+                continue
+            ref = converter.from_payload(payload, ExternalStorageReference)
+            driver = by_name.get(ref.driver_name)
+            if driver is None:
+                raise CodeModeUserError(
+                    f"the history refers to payloads in the store {ref.driver_name!r}, which is not configured here: "
+                    f"set {PAYLOAD_STORE_ENV} to the directory the run's workers wrote to"
+                )
+            claim = StorageDriverClaim(claim_data=dict(ref.claim_data))
+            (stored,) = await driver.retrieve(StorageDriverRetrieveContext(), [claim])
+            payload.CopyFrom(stored)
+    return history
+
+
+def env_stores() -> list[StorageDriver]:
+    """The payload store `CODEMODE_PAYLOAD_STORE` names, as a list (empty when unset)."""
+    store = store_from_env()
+    return [store] if store else []
+
+
+def stores_of(converter: DataConverter) -> list[StorageDriver]:
+    """The payload stores a data converter reads from."""
+    return list(converter.external_storage.drivers) if converter.external_storage else []
