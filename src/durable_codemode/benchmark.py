@@ -31,6 +31,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -48,6 +49,7 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Replayer
 
+from ._agent import CodeModeAgent
 from ._capture import failure_message
 from ._client import start_run
 from ._errors import CodeModeUserError
@@ -88,8 +90,8 @@ model, not the limit."""
 SCRIPTED_NOTE = (
     "models: scripted (pydantic-ai FunctionModels playing the model's part, offline). Code mode: the model writes "
     "the program once. Tool calling: the model sees every tool result and each turn issues every call it can "
-    "decide from what it has seen, at most 10 per response. Tokens are pydantic-ai's estimate from the messages' "
-    "text (no instructions or tool schemas), not a provider's bill."
+    "decide from what it has seen, at most 10 per response. Tokens are estimates (pydantic-ai's, from the "
+    "messages' text, plus the instructions and tool definitions every request carries), not a provider's bill."
 )
 
 
@@ -118,7 +120,12 @@ class BenchRow:
     reply: str | None = None
     requests: int = 0
     input_tokens: int = 0
+    """Of the scripted models: pydantic-ai's estimate from the messages' text, plus `definition_tokens`."""
     output_tokens: int = 0
+    definition_tokens: int = 0
+    """Of the scripted models: what every request also carries, the instructions and the tool definitions (in code
+    mode, `run_code` with every tool's stub), estimated the same way, times the requests. A provider counts these
+    as input; pydantic-ai's estimate for a `FunctionModel` does not, so the benchmark adds them."""
     wall_s: float = 0.0
     """From starting the run to its result (the worker was already polling)."""
     nested_calls: int = 0
@@ -252,6 +259,9 @@ async def run_row(
             row.requests = result.usage.requests
             row.input_tokens = result.usage.input_tokens
             row.output_tokens = result.usage.output_tokens
+            if row.scripted:
+                row.definition_tokens = row.requests * await _definition_tokens(agent)
+                row.input_tokens += row.definition_tokens
             row.nested_calls = len(result.nested_calls)
             row.direct_calls = len(result.direct_calls)
             problems = instance.check(result.output)
@@ -385,6 +395,22 @@ def ratios(rows: Sequence[BenchRow]) -> list[Ratio]:
             both_passed=on.passed and off.passed,
         ))
     return out
+
+
+_TOKEN_SPLIT = re.compile(r'[\s",.:]+')
+
+
+def _estimate_tokens(text: str) -> int:
+    """pydantic-ai's test-model estimate: pieces split on whitespace and punctuation."""
+    return len(_TOKEN_SPLIT.split(text.strip())) if text.strip() else 0
+
+
+async def _definition_tokens(agent: CodeModeAgent) -> int:
+    """The estimated tokens of what each request carries besides the messages: instructions and tool definitions."""
+    spec = await agent.describe()
+    tools = sum(_estimate_tokens(f"{t.name} {t.description or ''} {json.dumps(t.parameters_json_schema)}")
+                for t in spec.model_tools)
+    return _estimate_tokens(spec.instructions or "") + tools
 
 
 def _table(header: Sequence[str], lines: Sequence[Sequence[str]], left: int = 2) -> list[str]:
