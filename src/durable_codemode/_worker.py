@@ -140,7 +140,8 @@ def create_worker(
         )
     configure_pool(pool or PoolSettings())
     key = repl_key.encode() if isinstance(repl_key, str) else repl_key
-    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env())
+    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env(),
+                                    payload_store=client.data_converter.external_storage is not None)
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
