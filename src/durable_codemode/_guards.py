@@ -29,6 +29,7 @@ __all__ = [
     "MAX_CALLS_IN_FLIGHT",
     "args_bytes",
     "non_json_problem",
+    "output_overflow_message",
     "stopped_message",
 ]
 
@@ -86,3 +87,16 @@ def stopped_message(answers: int) -> str:
         "The REPL was restarted: variables from earlier run_code calls are gone. Handle the error instead of "
         "retrying at once, or use asyncio.sleep to wait."
     )
+
+
+def output_overflow_message(error: str, *, collector_cap: int, limit: int) -> str | None:
+    """The model's message when a program's printing hit the output cap, or `None` for any other error.
+
+    Monty's print collector stops the program with a `MemoryError` naming its cap, which reads like the memory
+    limit; this says what happened instead.
+    """
+    if not (error.startswith("MemoryError") and error.endswith(f"> {collector_cap} bytes")):
+        return None
+    return (f"OutputLimitError: the program printed more than the {limit:,}-byte output limit "
+            "(SnippetLimits.max_output_bytes) and was stopped at that print; the printed text up to there is "
+            "shown. Print less: counts, ids or a summary, or return the value instead.")

@@ -37,7 +37,14 @@ from pydantic_monty import (
 from temporalio import workflow
 
 from . import _pool
-from ._guards import MAX_ANSWERS_WITHOUT_WAIT, MAX_CALLS_IN_FLIGHT, args_bytes, non_json_problem, stopped_message
+from ._guards import (
+    MAX_ANSWERS_WITHOUT_WAIT,
+    MAX_CALLS_IN_FLIGHT,
+    args_bytes,
+    non_json_problem,
+    output_overflow_message,
+    stopped_message,
+)
 from ._names import nested_call_id
 from ._results import bounded_result, preview
 from ._stubs import TYPE_CHECK_PRELUDE
@@ -332,7 +339,8 @@ class _SnippetDriver:
                     calls=self._calls,
                 )
             error = bounded_result(None, self._printed(), max_bytes=limits.max_output_bytes)
-            error["error"] = e.display("type-msg")
+            error["error"] = output_overflow_message(e.display("type-msg"), collector_cap=limits.max_output_bytes + 1,
+                                                     limit=limits.max_output_bytes) or e.display("type-msg")
             error["traceback"] = e.display()
             return SnippetOutcome(kind="error", content=error, calls=self._calls)
         except MontyCrashedError as e:
