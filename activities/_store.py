@@ -15,9 +15,17 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from typing import Any, TypeVar, cast
 
+from pydantic import ConfigDict, with_config
+
 from durable_codemode import current_call
 
-__all__ = ["IdempotentTools", "SqliteStore"]
+__all__ = ["IdempotentTools", "SqliteStore", "documented"]
+
+documented = with_config(ConfigDict(use_attribute_docstrings=True))
+"""Decorate a tool's result `TypedDict` with this so its field docstrings reach the schema, and so the stubs
+the model reads (`unit_price_cents: int` with "5000 is $50.00" under it). pydantic-ai documents a tool's own
+arguments from its docstring, but a nested `TypedDict` is described by its own config, which leaves field
+docstrings out unless told."""
 
 _R = TypeVar("_R")
 

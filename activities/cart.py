@@ -20,7 +20,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore
+from activities._store import IdempotentTools, SqliteStore, documented
 
 __all__ = [
     "PAGE_SIZE",
@@ -60,6 +60,7 @@ _CATALOG = (
 )
 
 
+@documented
 class CartLine(TypedDict):
     """One line of the cart: a product, its unit price and how many of it."""
 
@@ -76,6 +77,7 @@ class CartLine(TypedDict):
     """How many units; at least 1."""
 
 
+@documented
 class CartPage(TypedDict):
     """One page of `list_cart`."""
 
@@ -89,6 +91,7 @@ class CartPage(TypedDict):
     """How many lines the whole cart has."""
 
 
+@documented
 class RemovedLine(TypedDict):
     """The outcome of `remove_line`."""
 

@@ -1,0 +1,26 @@
+"""What a real model reads about each bundled app: every result field is documented in the `run_code` stubs."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from workflows.calendar import CALENDAR_TASK
+from workflows.cart import CART_TASK
+from workflows.chat import CHAT_TASK
+from workflows.inventory import INVENTORY_TASK
+from workflows.kanban import KANBAN_TASK
+from workflows.tasks import Task
+
+
+@pytest.mark.parametrize("task", [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK],
+                         ids=lambda t: t.name)
+async def test_every_result_field_is_documented_in_the_stubs(task: Task, tmp_path: Path) -> None:
+    spec = await task.setup(tmp_path, 5).agent("on").describe()
+    lines = spec.stubs.splitlines()
+    fields = [i for i, line in enumerate(lines) if re.match(r"^    \w+: ", line)]
+    assert fields, spec.stubs
+    undocumented = [lines[i].strip() for i in fields if not lines[i + 1].lstrip().startswith('"""')]
+    assert undocumented == [], f"result fields without a docstring in the stubs: {undocumented}"
