@@ -45,7 +45,7 @@ from ._guards import (
     output_overflow_message,
     stopped_message,
 )
-from ._names import nested_call_id
+from ._names import SANDBOX_GUARDS_PATCH, nested_call_id
 from ._results import bounded_result, preview
 from ._stubs import TYPE_CHECK_PRELUDE
 from ._types import AgentSpec, CallRecord
@@ -126,6 +126,11 @@ def _real_type_errors(error: MontyTypingError, *, lenient_names: bool) -> str:
     """
     dropped = (_REBINDING, _UNKNOWN_NAME) if lenient_names else (_REBINDING,)
     return "\n".join(line for line in error.display().splitlines() if not any(d in line for d in dropped)).strip()
+
+
+def _guarded() -> bool:
+    """Whether a guard that would act here does: always in a new run; on replay, only if it did when it ran."""
+    return workflow.patched(SANDBOX_GUARDS_PATCH)
 
 
 def _is_time_limit(error: MontyRuntimeError) -> bool:
@@ -308,7 +313,7 @@ class _SnippetDriver:
                     self._repl.lenient_names = True
                 while not isinstance(snap, MontyComplete):
                     self._answers += 1
-                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT:
+                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded():
                         return self._stopped()
                     if isinstance(snap, FunctionSnapshot):
                         snap = await self._answer_call(snap)
@@ -360,10 +365,10 @@ class _SnippetDriver:
         See `_guards` for what each refusal prevents.
         """
         problem = non_json_problem(kwargs, "the arguments")
-        if problem is not None:
+        if problem is not None and _guarded():
             return {"exc_type": "TypeError", "message": f"{name}(): {problem}"}, 0
         in_flight = len(self._started)
-        if in_flight >= MAX_CALLS_IN_FLIGHT:
+        if in_flight >= MAX_CALLS_IN_FLIGHT and _guarded():
             return {"exc_type": "RuntimeError", "message": f"{name}(): {in_flight} tool calls are already in "
                     f"flight, the most a program may have at once; gather at most {MAX_CALLS_IN_FLIGHT} calls "
                     "at a time (in batches)"}, 0
