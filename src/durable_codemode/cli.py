@@ -9,6 +9,8 @@ codemode runs [--agent A] [--status S]           recent runs and their state (wa
 codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
 codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
 codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence, where and why (exit 1)
+codemode bench [--apps A] [--n 5,20] [--mode on,off] [--model M] [--json F] [--plot F.png]
+                                                 code mode vs tool calling on the bundled tasks, graded
 ```
 
 Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the command was used wrongly or the
@@ -63,6 +65,7 @@ from ._trace import render_trace, trace_json
 from ._tree import render_tree
 from ._types import RunResult
 from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
+from .benchmark import add_bench_command
 
 __all__ = [
     "DEV_SERVER_DB",
@@ -110,10 +113,10 @@ def _address(client: Client) -> str:
 
 def _bundled_agents() -> list[CodeModeAgent]:
     # Imported here, not at module level: `codemode run` needs neither the apps nor their stores (creating
-    # the cart agent seeds a database), and the library stays importable without the bundled apps.
-    from workflows import cart
+    # an app's agent seeds its database), and the library stays importable without the bundled apps.
+    import workflows
 
-    return cart.agents()
+    return workflows.agents()
 
 
 def _model_label(agent: CodeModeAgent) -> str:
@@ -683,6 +686,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--worker", metavar="MODULE", help="import MODULE for the agents' approval rules (its "
                         "agents() function or module-level CodeModeAgent values)")
     replay.set_defaults(handler=_replay_cmd)
+
+    add_bench_command(commands)
     return parser
 
 
