@@ -12,6 +12,7 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.MODEL_REQUEST_ACTIVITY == "durable-codemode.model_request"
     assert _names.DESCRIBE_AGENT_ACTIVITY == "durable-codemode.describe_agent"
     assert _names.SEAL_REPL_ACTIVITY == "durable-codemode.seal_repl"
+    assert _names.SANDBOX_GUARDS_PATCH == "durable-codemode.sandbox-guards"
     assert _names.RUN_CODE_TOOL == "run_code"
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
     assert _names.nested_call_id("call_1", 7) == "call_1.7"

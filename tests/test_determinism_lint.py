@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 WORKFLOW_SIDE = ["_workflow.py", "_sandbox.py", "_results.py", "_names.py", "_types.py", "_stubs.py", "_progress.py",
-                 "_telemetry.py"]
+                 "_telemetry.py", "_guards.py"]
 DENYLIST = {
     r"\bdatetime\.(now|utcnow|today)\(": "use workflow.now()",
     r"\bdate\.today\(": "use workflow.now().date()",

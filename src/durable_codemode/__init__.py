@@ -11,7 +11,15 @@ from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
 from ._context import ToolCallContext, current_call
 from ._converter import DATA_CONVERTER
 from ._devserver import start_dev_server, temporal_cli_path
-from ._errors import AgentNotFoundError, CodeModeError, CodeModeUserError, TransientToolError
+from ._errors import (
+    AgentNotFoundError,
+    CodeModeError,
+    CodeModeUserError,
+    InvalidRunInputError,
+    RunNotFoundError,
+    TransientToolError,
+    WorkerUnavailableError,
+)
 from ._pool import PoolSettings
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
@@ -33,10 +41,12 @@ __all__ = [
     "CodeModePlugin",
     "CodeModeRunWorkflow",
     "CodeModeUserError",
+    "InvalidRunInputError",
     "LocalPayloadStore",
     "PendingApproval",
     "PoolSettings",
     "RunInput",
+    "RunNotFoundError",
     "RunResult",
     "SnippetLimits",
     "SnippetRecord",
@@ -46,6 +56,7 @@ __all__ = [
     "ToolSpec",
     "TransientToolError",
     "TurnRecord",
+    "WorkerUnavailableError",
     "connect",
     "create_worker",
     "current_call",

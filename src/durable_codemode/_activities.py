@@ -10,18 +10,21 @@ exception's name, so the program sees a `KeyError` as a `KeyError`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
 from pydantic_ai import ModelRetry
 from pydantic_ai.exceptions import ModelHTTPError, UserError
 from pydantic_ai.messages import ModelResponse
+from pydantic_core import to_json
 from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from ._agent import CodeModeAgent
 from ._carry import SealRequest, SealResult, monty_version, seal
+from ._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from ._context import ToolCallContext, bind_call
 from ._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
 from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
@@ -50,8 +53,12 @@ def _validation_message(tool: str, error: ValidationError) -> str:
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
 
-    def __init__(self, agents: Sequence[CodeModeAgent], *, repl_key: bytes | None = None) -> None:
+    def __init__(self, agents: Sequence[CodeModeAgent], *, repl_key: bytes | None = None,
+                 payload_store: bool = False) -> None:
         self._repl_key = repl_key
+        self._payload_store = payload_store
+        """Whether this worker's data converter offloads large payloads; without one, tool arguments and results
+        are bounded by default (`SnippetLimits.max_tool_args_bytes` / `max_tool_result_bytes`)."""
         self._agents: dict[str, CodeModeAgent] = {}
         for agent in agents:
             if agent.name in self._agents:
@@ -83,9 +90,13 @@ class CodeModeActivities:
     async def describe_agent(self, name: str) -> AgentSpec:
         """Record the agent's spec at the start of a run."""
         try:
-            return await self.agent(name).describe()
+            spec = await self.agent(name).describe()
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        if spec.limits.max_tool_args_bytes is None and not self._payload_store:
+            # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
+            spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
+        return spec
 
     @activity.defn(name=SEAL_REPL_ACTIVITY)
     async def seal_repl(self, request: SealRequest) -> SealResult:
@@ -123,7 +134,7 @@ class CodeModeActivities:
                               attempt=info.attempt)
         with bind_call(ctx):
             try:
-                return await agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt)
+                result = await agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt)
             except _TRANSIENT as e:
                 raise ApplicationError(_message(e), type=type(e).__name__) from e
             except ValidationError as e:
@@ -133,3 +144,22 @@ class CodeModeActivities:
                 raise ApplicationError(e.message, type="ModelRetry", non_retryable=True) from e
             except Exception as e:
                 raise ApplicationError(_message(e), type=type(e).__name__, non_retryable=True) from e
+        self._check_result_size(agent, tool_name, result)
+        return result
+
+    def _check_result_size(self, agent: CodeModeAgent, tool: str, result: Any) -> None:
+        # Without a payload store, a result over 2 MiB could not be recorded at all; refusing it here, below
+        # that, gives the program an error it can act on instead of the SDK's payload error.
+        limit = agent.limits.max_tool_result_bytes
+        if limit is None:
+            if self._payload_store:
+                return
+            limit = AUTOMATIC_PAYLOAD_LIMIT_BYTES
+        size = len(to_json(result))
+        if size > limit:
+            raise ApplicationError(
+                f"{tool}() returned {size:,} bytes of JSON, over the {limit:,}-byte limit for one tool result "
+                "(SnippetLimits.max_tool_result_bytes), so its result is not returned; the call did run. Ask for "
+                "less per call (a page, a filter, a summary).",
+                type="RuntimeError", non_retryable=True,
+            )

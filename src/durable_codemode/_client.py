@@ -3,19 +3,83 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
 
-from pydantic_ai.messages import ModelMessage
-from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
+from pydantic import ValidationError
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.service import RPCError, RPCStatusCode
 
 from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
+from ._errors import InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
 from ._types import RunInput, RunResult
 from ._visibility import lacks_search_attributes, start_options
 from ._worker import DEFAULT_TASK_QUEUE
 from ._workflow import CodeModeRunWorkflow
 
-__all__ = ["decide", "decide_all", "pending_approvals", "run_agent", "start_run"]
+__all__ = ["DEFAULT_ANSWER_TIMEOUT", "decide", "decide_all", "pending_approvals", "run_agent", "start_run",
+           "validate_run_input"]
+
+DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
+"""How long a query or a decision waits for a worker of the run to answer before `WorkerUnavailableError`."""
+
+_T = TypeVar("_T")
+
+
+def validate_run_input(agent: str, prompt: str | None, message_history: Any) -> tuple[str | None, list[ModelMessage]]:
+    """The prompt and message history a run starts with, checked before anything starts.
+
+    `message_history` may hold pydantic-ai messages or their JSON-shaped dicts (`ModelMessagesTypeAdapter`). An
+    empty prompt is allowed only with a history that ends with a request, which the run then answers.
+
+    Raises:
+        InvalidRunInputError: what is wrong, and what to pass instead.
+
+    """
+    if not isinstance(agent, str) or not agent.strip():
+        raise InvalidRunInputError(f"the agent must be a non-empty agent name, got {agent!r}")
+    if prompt is not None and not isinstance(prompt, str):
+        raise InvalidRunInputError(f"the prompt must be a string, got {type(prompt).__name__}")
+    if isinstance(message_history, (str, bytes)) or not isinstance(message_history, Sequence):
+        raise InvalidRunInputError(
+            "message_history must be a list of pydantic-ai messages (e.g. ModelMessagesTypeAdapter.validate_json("
+            f"text)), got {type(message_history).__name__}")
+    try:
+        history = ModelMessagesTypeAdapter.validate_python(list(message_history))
+    except ValidationError as e:
+        first = e.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidRunInputError(
+            f"message_history is not a list of pydantic-ai messages ({e.error_count()} problems; the first, at "
+            f"{where or 'the top'}: {first['msg']}); pass the messages of an earlier run, e.g. "
+            "result.all_messages() or ModelMessagesTypeAdapter.validate_json(text)") from None
+    if prompt is None or not prompt.strip():
+        if not history or not isinstance(history[-1], ModelRequest):
+            raise InvalidRunInputError(
+                "the prompt is empty: say what the agent should do (or pass a message history that ends with a "
+                "request for it to answer)")
+        return None, history
+    return prompt, history
+
+
+async def _on_run(client: Client, run_id: str, call: Awaitable[_T], timeout: timedelta) -> _T:
+    """`call` to run `run_id`, with its failures as errors that say what to do."""
+    try:
+        return await call
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise RunNotFoundError(run_id, client.service_client.config.target_host) from e
+        if e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
+            raise WorkerUnavailableError(
+                f"no worker answered for run {run_id!r} within {timeout.total_seconds():g} s: start a worker that "
+                "serves the run's agent on its task queue (`codemode worker`)") from e
+        raise
+    except WorkflowUpdateRPCTimeoutOrCancelledError as e:
+        raise WorkerUnavailableError(
+            f"no worker took the decision for run {run_id!r} within {timeout.total_seconds():g} s, so nothing was "
+            "recorded: start a worker that serves the run's agent on its task queue, then decide again") from e
 
 
 async def start_run(
@@ -33,16 +97,21 @@ async def start_run(
     Args:
         client: from `durable_codemode.connect()`.
         agent: the agent's name, as served by a worker on `task_queue`.
-        prompt: the user's prompt.
+        prompt: the user's prompt; may be empty only when `message_history` ends with a request.
         task_queue: the workers' task queue.
         model: a pydantic-ai model string overriding the agent's model for this run.
         message_history: earlier messages to continue a conversation.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
 
+    Raises:
+        InvalidRunInputError: an empty agent name or prompt, or a malformed message history; nothing started.
+
+    A run naming an agent that no worker on `task_queue` serves fails at once (its first step asks the worker to
+    describe the agent), with the worker's "no agent named ..." message as the failure.
+
     """
-    if not agent:
-        raise ValueError("agent must be a non-empty agent name")
-    run_input = RunInput(agent=agent, prompt=prompt, model=model, message_history=list(message_history))
+    prompt_or_none, history = validate_run_input(agent, prompt, message_history)
+    run_input = RunInput(agent=agent, prompt=prompt_or_none, model=model, message_history=history)
     workflow_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -74,14 +143,23 @@ def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, 
     return client.get_workflow_handle_for(CodeModeRunWorkflow.run, run_id)
 
 
-async def pending_approvals(client: Client, run_id: str) -> list[PendingApproval]:
-    """The calls of run `run_id` waiting for a decision (a query: answers in milliseconds, records nothing)."""
-    return await _handle(client, run_id).query(CodeModeRunWorkflow.pending_approvals)
+async def pending_approvals(
+    client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT
+) -> list[PendingApproval]:
+    """The calls of run `run_id` waiting for a decision (a query: answers in milliseconds, records nothing).
+
+    Raises:
+        RunNotFoundError: no run with that id.
+        WorkerUnavailableError: no worker answered within `timeout` (a query needs one, even for a closed run).
+
+    """
+    call = _handle(client, run_id).query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout)
+    return await _on_run(client, run_id, call, timeout)
 
 
 async def decide(
     client: Client, run_id: str, call_id: str, *, approved: bool, note: str | None = None,
-    approver: str | None = None,
+    approver: str | None = None, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
 
@@ -91,18 +169,24 @@ async def decide(
     Raises:
         temporalio.client.WorkflowUpdateFailedError: the call id is unknown, already decided or expired (the
             message says which); the run is unaffected.
+        RunNotFoundError: no run with that id.
+        WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
 
     """
-    return await _handle(client, run_id).execute_update(
+    call = _handle(client, run_id).execute_update(
         CodeModeRunWorkflow.decide,
         ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=approver),
-        id=call_id,
+        id=call_id, rpc_timeout=timeout,
     )
+    return await _on_run(client, run_id, call, timeout)
 
 
 async def decide_all(
-    client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None
+    client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None,
+    timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> list[ApprovalRecord]:
-    """Approve or deny every call of run `run_id` waiting for a decision."""
-    return await _handle(client, run_id).execute_update(
-        CodeModeRunWorkflow.decide_all, BatchDecision(approved=approved, note=note, approver=approver))
+    """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does)."""
+    call = _handle(client, run_id).execute_update(
+        CodeModeRunWorkflow.decide_all, BatchDecision(approved=approved, note=note, approver=approver),
+        rpc_timeout=timeout)
+    return await _on_run(client, run_id, call, timeout)

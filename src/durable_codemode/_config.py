@@ -15,7 +15,10 @@ from temporalio.common import RetryPolicy
 
 from ._errors import CodeModeUserError
 
-__all__ = ["DEFAULT_TOOL_RETRY_POLICY", "SnippetLimits", "ToolOptions"]
+__all__ = ["AUTOMATIC_PAYLOAD_LIMIT_BYTES", "DEFAULT_TOOL_RETRY_POLICY", "SnippetLimits", "ToolOptions"]
+
+AUTOMATIC_PAYLOAD_LIMIT_BYTES = 1024 * 1024
+"""A tool call's arguments, and its result, at most, when the worker has no payload store (`None` limits)."""
 
 DEFAULT_TOOL_RETRY_POLICY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
@@ -115,6 +118,17 @@ class SnippetLimits:
     """Largest REPL dump carried across continue-as-new (it travels in the new run's input, under Temporal's 2 MiB
     payload limit with the conversation); a bigger REPL is restarted, with a note to the model."""
 
+    max_tool_args_bytes: int | None = None
+    """Size of one tool call's arguments (as JSON); a bigger call raises `ValueError` in the program and does not
+    run. Calls in flight at once may carry twice this. `None` (automatic): 1 MiB when the worker has no payload
+    store (Temporal refuses payloads over 2 MiB, and a workflow task sending over 4 MiB gets the run terminated),
+    no limit with one. Resolved when a run starts and recorded with the other limits."""
+
+    max_tool_result_bytes: int | None = None
+    """Size of one tool result (as JSON); a bigger result is not returned (the tool did run) and the program gets
+    a `RuntimeError` naming this limit. `None` (automatic): 1 MiB when the worker has no payload store, no limit
+    with one. Checked by the worker that runs the tool, with its current configuration."""
+
     max_model_requests: int = 50
     """Model requests over the whole agent run (across continue-as-new); past it the run fails with a clear
     error instead of looping forever."""
@@ -125,6 +139,9 @@ class SnippetLimits:
                      "max_snippets_per_run", "max_model_requests", "max_carried_repl_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("max_tool_args_bytes", "max_tool_result_bytes"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                problems.append(f"{name} must be at least 1 or None (automatic), got {getattr(self, name)}")
         for name in ("max_turn_seconds", "max_feed_seconds"):
             value = getattr(self, name)
             if not 0 < value <= _DEADLOCK_MARGIN_SECONDS:

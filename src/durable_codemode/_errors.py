@@ -4,6 +4,9 @@
 CodeModeError
 ├── CodeModeUserError        the library was used wrongly (bad configuration, unknown agent); fix the code
 ├── AgentNotFoundError       a run names an agent this worker does not serve
+├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
+├── RunNotFoundError         no run with that id on the server
+├── WorkerUnavailableError   no worker answered for a run in time (a query or a decision)
 └── TransientToolError       raised by a tool: retry me within the tool's retry policy
 ```
 A tool's own exceptions are not wrapped: they reach the model's program as exceptions it can catch.
@@ -11,7 +14,15 @@ A tool's own exceptions are not wrapped: they reach the model's program as excep
 
 from __future__ import annotations
 
-__all__ = ["AgentNotFoundError", "CodeModeError", "CodeModeUserError", "TransientToolError"]
+__all__ = [
+    "AgentNotFoundError",
+    "CodeModeError",
+    "CodeModeUserError",
+    "InvalidRunInputError",
+    "RunNotFoundError",
+    "TransientToolError",
+    "WorkerUnavailableError",
+]
 
 
 class CodeModeError(Exception):
@@ -33,6 +44,26 @@ class AgentNotFoundError(CodeModeUserError):
         )
         self.name = name
         self.known = known
+
+
+class InvalidRunInputError(CodeModeUserError, ValueError):
+    """A run's input was refused before anything started: an empty prompt, a malformed message history."""
+
+
+class RunNotFoundError(CodeModeUserError):
+    """No run with that id on the server."""
+
+    def __init__(self, workflow_id: str, address: str) -> None:
+        super().__init__(f"no run with id {workflow_id!r} on the Temporal server at {address}: check the id "
+                         "(`codemode runs` lists recent runs) and TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE")
+        self.workflow_id = workflow_id
+
+
+class WorkerUnavailableError(CodeModeUserError):
+    """No worker answered for a run in time: queries and decisions need a worker serving the run's task queue.
+
+    Nothing was recorded; send the decision again once a worker runs.
+    """
 
 
 class TransientToolError(CodeModeError):

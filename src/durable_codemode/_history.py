@@ -40,7 +40,7 @@ from ._approvals import (
 )
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._converter import DATA_CONVERTER
-from ._errors import CodeModeUserError
+from ._errors import CodeModeUserError, RunNotFoundError
 from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
 from ._results import preview
 from ._storage import env_stores, resolve_history, stores_of
@@ -68,15 +68,6 @@ _RULE_UNKNOWN = "this process does not know it"
 
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
 """The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""
-
-
-class RunNotFoundError(CodeModeUserError):
-    """No run with that id on the server."""
-
-    def __init__(self, workflow_id: str, address: str) -> None:
-        super().__init__(f"no run with id {workflow_id!r} on the Temporal server at {address}: check the id "
-                         "(`codemode runs` lists recent runs) and TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE")
-        self.workflow_id = workflow_id
 
 
 # -- fetching and files --------------------------------------------------------------------------------------

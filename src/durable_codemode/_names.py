@@ -16,6 +16,7 @@ __all__ = [
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
     "RUN_CODE_TOOL",
+    "SANDBOX_GUARDS_PATCH",
     "SEAL_REPL_ACTIVITY",
     "STATUS_MEMO",
     "STATUS_RUNNING",
@@ -38,6 +39,12 @@ DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 """Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
 
 SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
+
+SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
+"""The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
+
+Asked only when a guard would act, so only runs it acts on carry the marker; a run recorded before the guards
+existed replays as it ran."""
 """Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 RUN_CODE_TOOL = "run_code"

@@ -17,8 +17,30 @@ __all__ = ["bounded_result", "jsonable", "preview"]
 
 
 def jsonable(value: Any) -> Any:
-    """`value` as JSON-compatible data; what JSON cannot hold (sandbox class proxies, ...) becomes its repr."""
-    return to_jsonable_python(value, fallback=repr, serialize_unknown=True)
+    """`value` as JSON-compatible data; what JSON cannot hold (sandbox class proxies, ...) becomes its repr.
+
+    Never raises: a program's last value is anything it built (bytes that are not UTF-8, a structure nested past
+    the serializer's depth), and an exception here, in workflow code, would fail the workflow task forever.
+    """
+    try:
+        return to_jsonable_python(value, fallback=repr, serialize_unknown=True)
+    except (ValueError, TypeError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return _jsonable_walk(value, depth=0)
+
+
+def _jsonable_walk(value: Any, depth: int) -> Any:
+    if depth > 100:
+        return "…(nested deeper than 100 levels)"
+    if isinstance(value, dict):
+        return {str(k): _jsonable_walk(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable_walk(v, depth + 1) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return repr(bytes(value))
+    try:
+        return to_jsonable_python(value, fallback=repr, serialize_unknown=True)
+    except (ValueError, TypeError, RecursionError):
+        return repr(value)
 
 
 def _size(obj: Any) -> int:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import pydantic_monty
 from pydantic_monty import (
@@ -37,7 +37,15 @@ from pydantic_monty import (
 from temporalio import workflow
 
 from . import _pool
-from ._names import nested_call_id
+from ._guards import (
+    MAX_ANSWERS_WITHOUT_WAIT,
+    MAX_CALLS_IN_FLIGHT,
+    args_bytes,
+    non_json_problem,
+    output_overflow_message,
+    stopped_message,
+)
+from ._names import SANDBOX_GUARDS_PATCH, nested_call_id
 from ._results import bounded_result, preview
 from ._stubs import TYPE_CHECK_PRELUDE
 from ._types import AgentSpec, CallRecord
@@ -65,6 +73,11 @@ AwaitingPerson = Callable[[str], bool]
 """Whether the call with this id is waiting for a human decision (so the sandbox may be released meanwhile)."""
 
 _FILE_FUNCTIONS_MESSAGE = "run_code has no file system or network; use the tools to read and change data"
+_IMPORTS_MESSAGE = (
+    "run_code programs have no processes, files or network; they can import asyncio, json, re, math, datetime, "
+    "time, random, collections, itertools, functools, decimal, hashlib, base64, csv, typing, and os for getenv; "
+    "use the tools for everything else"
+)
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -83,6 +96,8 @@ class SnippetOutcome:
     content: Any
     """For the model: the bounded result object (`ok`, `error`) or the message to retry with (`rejected`)."""
     calls: list[CallRecord] = field(default_factory=list)
+    restart_repl: bool = False
+    """The program was stopped mid-way (deterministically, unlike a compute limit): its REPL is discarded."""
 
     @property
     def ends_run(self) -> bool:
@@ -111,6 +126,11 @@ def _real_type_errors(error: MontyTypingError, *, lenient_names: bool) -> str:
     """
     dropped = (_REBINDING, _UNKNOWN_NAME) if lenient_names else (_REBINDING,)
     return "\n".join(line for line in error.display().splitlines() if not any(d in line for d in dropped)).strip()
+
+
+def _guarded() -> bool:
+    """Whether a guard that would act here does: always in a new run; on replay, only if it did when it ran."""
+    return workflow.patched(SANDBOX_GUARDS_PATCH)
 
 
 def _is_time_limit(error: MontyRuntimeError) -> bool:
@@ -241,6 +261,9 @@ class Repl:
             outcome.content["note"] = lost
         if outcome.ends_run:
             self.close()
+        elif outcome.restart_repl:
+            self.close()
+            self.lenient_names = False
         elif self._session is not None:
             # Between snippets the run waits on the model (seconds with a real one): keep the REPL as a dump in
             # workflow memory and give the process back. Holding it made a burst of 1,000 approvals fail 2,732
@@ -269,6 +292,10 @@ class _SnippetDriver:
         self._calls: list[CallRecord] = []
         self._n = 0
         self._streams = CollectStreams(max_bytes=spec.limits.max_output_bytes + 1)
+        self._answers = 0
+        """Host round trips since the driver last waited on Temporal (see `_guards.MAX_ANSWERS_WITHOUT_WAIT`)."""
+        self._args_in_flight: dict[int, int] = {}
+        """Argument bytes of the tool calls in flight, by Monty call id."""
 
     def _printed(self) -> str:
         return "".join(text for _stream, text in self._streams.output)
@@ -285,6 +312,9 @@ class _SnippetDriver:
                     snap = session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
                     self._repl.lenient_names = True
                 while not isinstance(snap, MontyComplete):
+                    self._answers += 1
+                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded():
+                        return self._stopped()
                     if isinstance(snap, FunctionSnapshot):
                         snap = await self._answer_call(snap)
                     elif isinstance(snap, FutureSnapshot):
@@ -314,13 +344,49 @@ class _SnippetDriver:
                     calls=self._calls,
                 )
             error = bounded_result(None, self._printed(), max_bytes=limits.max_output_bytes)
-            error["error"] = e.display("type-msg")
+            error["error"] = output_overflow_message(e.display("type-msg"), collector_cap=limits.max_output_bytes + 1,
+                                                     limit=limits.max_output_bytes) or e.display("type-msg")
             error["traceback"] = e.display()
             return SnippetOutcome(kind="error", content=error, calls=self._calls)
         except MontyCrashedError as e:
             return self._crashed(str(e))
         except MontyError as e:  # disconnects, conversion errors: the session cannot be trusted any more
             return self._crashed(f"{type(e).__name__}: {e}")
+
+    def _stopped(self) -> SnippetOutcome:
+        # Not resumed, the program never continues; its session is mid-snippet, so the REPL goes with it.
+        content = bounded_result(None, self._printed(), max_bytes=self._spec.limits.max_output_bytes)
+        content["error"] = stopped_message(MAX_ANSWERS_WITHOUT_WAIT)
+        return SnippetOutcome(kind="error", content=content, calls=self._calls, restart_repl=True)
+
+    def _refused(self, name: str, kwargs: dict[str, Any]) -> tuple[Settled | None, int]:
+        """Why a call must not start (the exception the program gets, or `None`), and its argument bytes.
+
+        See `_guards` for what each refusal prevents.
+        """
+        problem = non_json_problem(kwargs, "the arguments")
+        if problem is not None and _guarded():
+            return {"exc_type": "TypeError", "message": f"{name}(): {problem}"}, 0
+        in_flight = len(self._started)
+        if in_flight >= MAX_CALLS_IN_FLIGHT and _guarded():
+            return {"exc_type": "RuntimeError", "message": f"{name}(): {in_flight} tool calls are already in "
+                    f"flight, the most a program may have at once; gather at most {MAX_CALLS_IN_FLIGHT} calls "
+                    "at a time (in batches)"}, 0
+        limit = self._spec.limits.max_tool_args_bytes
+        if limit is None:
+            return None, 0
+        size = args_bytes(kwargs)
+        if size > limit:
+            return {"exc_type": "ValueError", "message": f"{name}(): the arguments are {size:,} bytes of JSON, "
+                    f"over the {limit:,}-byte limit for one tool call (SnippetLimits.max_tool_args_bytes); pass "
+                    "less per call (an id, a page, a slice), or have the tool fetch the data itself"}, 0
+        pending = sum(self._args_in_flight.values())
+        if pending + size > 2 * limit:
+            return {"exc_type": "RuntimeError", "message": f"{name}(): the calls in flight already carry "
+                    f"{pending:,} bytes of arguments, and this one {size:,}, over the {2 * limit:,} bytes calls in "
+                    "flight may carry at once (twice SnippetLimits.max_tool_args_bytes); await some of them "
+                    "first, or gather fewer at a time"}, 0
+        return None, size
 
     def _rejected(self, what: str, message: str, error: MontyError) -> SnippetOutcome:
         return SnippetOutcome(
@@ -357,9 +423,13 @@ class _SnippetDriver:
                 "message": f"tool call limit reached: a program may make {self._spec.limits.max_tool_calls} "
                 "tool calls; split the work across several run_code calls",
             })
+        kwargs = dict(snap.kwargs)
+        refusal, size = self._refused(name, kwargs)
+        if refusal is not None:
+            return snap.resume(cast(Any, refusal))  # a Settled exception answer, as Monty's TypedDict
+        self._args_in_flight[snap.call_id] = size
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
-        kwargs = dict(snap.kwargs)
         site = CallSite(code=self._code, line=self._code.count("\n", 0, max(0, snap.position.start)) + 1)
         future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id, site))
         self._pending[snap.call_id] = future  # type: ignore[assignment]
@@ -388,6 +458,8 @@ class _SnippetDriver:
                 self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
                 return snap.resume({"future": ...})
             await self._sleep(seconds)
+            if seconds > 0:
+                self._answers = 0
             return snap.resume({"return_value": None})
         if name == "os.getenv":
             key = args[0] if args else None
@@ -398,6 +470,10 @@ class _SnippetDriver:
         if name == "os.urandom":
             n = min(int(args[0]) if args else 0, 1 << 20)
             return snap.resume({"return_value": workflow.random().randbytes(n)})
+        if name in ("import_stubs", "import"):
+            modules = args[0] if args and isinstance(args[0], list) else list(args)
+            return snap.resume({"exc_type": "ModuleNotFoundError", "message": f"No module named "
+                                f"{', '.join(repr(m) for m in modules) or '?'}: {_IMPORTS_MESSAGE}"})
         return snap.resume({"exc_type": "PermissionError", "message": f"{name}: {_FILE_FUNCTIONS_MESSAGE}"})
 
     @staticmethod
@@ -413,6 +489,7 @@ class _SnippetDriver:
             parked = self._waiting_on_people(ids)
             state = self._repl.park(snap) if parked else None
             await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+            self._answers = 0
             if state is not None:
                 snap = self._repl.unpark(state, self._streams)
         answers: dict[int, Any] = {}
@@ -421,6 +498,7 @@ class _SnippetDriver:
             if future.done():
                 del self._pending[i]
                 self._started.pop(i, None)
+                self._args_in_flight.pop(i, None)
                 settled, record = future.result()
                 if record is not None:
                     self._calls.append(record)

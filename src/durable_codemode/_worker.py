@@ -7,6 +7,7 @@ people who build their own `Client`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -103,17 +104,41 @@ async def connect(
     if tracing:
         kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *client_interceptors()]
     try:
-        return await Client.connect(
+        # Bounded: an address that drops packets would otherwise keep a command waiting on the TCP connect.
+        return await asyncio.wait_for(Client.connect(
             target,
             namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
             data_converter=data_converter(payload_store or store_from_env()),
             **kwargs,
-        )
-    except (RuntimeError, ValueError) as e:  # unreachable / refused, or a malformed address
+        ), CONNECT_TIMEOUT_SECONDS)
+    except (RuntimeError, ValueError, TimeoutError) as e:  # unreachable / refused, or a malformed address
         raise CodeModeUserError(
-            f"cannot reach a Temporal server at {target} ({e}). Start one with `codemode dev` (embedded dev "
-            "server and worker), or set TEMPORAL_ADDRESS to your server's host:port."
+            f"cannot reach a Temporal server at {target} ({connect_failure_reason(e)}). Start one with `codemode "
+            "dev` (embedded dev server and worker), or set TEMPORAL_ADDRESS to your server's host:port."
         ) from e
+
+
+CONNECT_TIMEOUT_SECONDS = 10.0
+"""How long `connect()` waits for the server before giving up."""
+
+_REASONS = (
+    ("Connection refused", "connection refused: nothing listens on that port"),
+    ("dns error", "the host name does not resolve"),
+    ("invalid target URL", "not a host:port address"),
+    ("grpc-status header missing", "something answers there, but it is not a Temporal server"),
+    ("Namespace", "the namespace does not exist (TEMPORAL_NAMESPACE)"),
+)
+
+
+def connect_failure_reason(error: BaseException) -> str:
+    """A short reason for a failed connect, from the client's long transport error."""
+    if isinstance(error, TimeoutError):
+        return f"no answer within {CONNECT_TIMEOUT_SECONDS:g} s"
+    text = str(error)
+    for needle, reason in _REASONS:
+        if needle.lower() in text.lower():
+            return reason
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def create_worker(
@@ -155,7 +180,8 @@ def create_worker(
         )
     configure_pool(pool or PoolSettings())
     key = repl_key.encode() if isinstance(repl_key, str) else repl_key
-    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env())
+    activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env(),
+                                    payload_store=client.data_converter.external_storage is not None)
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))

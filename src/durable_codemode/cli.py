@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import shutil
@@ -55,7 +56,7 @@ from . import _pool
 from ._agent import CodeModeAgent
 from ._approvals import PendingApproval
 from ._capture import quiet_replays
-from ._client import decide, decide_all, pending_approvals, start_run
+from ._client import decide, decide_all, pending_approvals, start_run, validate_run_input
 from ._devserver import start_dev_server
 from ._errors import CodeModeUserError
 from ._history import fetch_chain, fetch_history, histories_to_json, read_histories, trace_histories, trace_run
@@ -320,11 +321,30 @@ async def _no_worker_polls(client: Client, task_queue: str) -> bool:
     return not response.pollers
 
 
+def _read_messages(path: str | None) -> list[Any]:
+    """The `--messages` file: a JSON list of pydantic-ai messages (checked by `start_run` before anything starts)."""
+    if path is None:
+        return []
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise CodeModeUserError(f"cannot read the messages file {path!r}: {e.strerror or e}") from e
+    except ValueError as e:
+        raise CodeModeUserError(f"the messages file {path!r} is not JSON ({e}); it must hold a JSON list of "
+                                "pydantic-ai messages, e.g. from result.all_messages_json()") from e
+    if not isinstance(data, list):
+        raise CodeModeUserError(f"the messages file {path!r} holds a JSON {type(data).__name__}, not a list of "
+                                "pydantic-ai messages")
+    return data
+
+
 async def _run(args: argparse.Namespace) -> int:
+    messages = _read_messages(args.messages)
+    validate_run_input(args.agent, args.prompt, messages)  # before connecting: a bad input never needs a server
     client = await connect()
     try:
         handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
-                                 model=args.model)
+                                 model=args.model, message_history=messages)
     except RPCError as e:
         raise CodeModeUserError(
             f"the server at {_address(client)} refused to start the run: {e.message}"
@@ -634,6 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the RunResult as JSON instead")
     run.add_argument("--follow", action="store_true", help="show model turns and nested calls as they start and "
                      "finish; stop (exit 3) if the run waits for approval")
+    run.add_argument("--messages", metavar="FILE", help="continue a conversation: a JSON list of pydantic-ai "
+                     "messages (PROMPT may then be empty if the last one is a request)")
     run.set_defaults(handler=_run)
 
     watch = commands.add_parser("watch", help="follow a run live until it ends or waits for approval",
