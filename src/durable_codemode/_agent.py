@@ -247,6 +247,7 @@ class CodeModeAgent:
             stubs=stubs,
             limits=self.limits,
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
+            sandbox_guards=True,
         )
 
     def resolve_model(self, override: str | None) -> Model:

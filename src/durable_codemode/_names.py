@@ -43,8 +43,8 @@ SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
 SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
 """The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
 
-Asked only when a guard would act, so only runs it acts on carry the marker; a run recorded before the guards
-existed replays as it ran."""
+Runs record `AgentSpec.sandbox_guards` now; the patch is still asked for runs that do not, so runs recorded by
+the release that used it replay as they ran."""
 """Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 RUN_CODE_TOOL = "run_code"

@@ -128,9 +128,13 @@ def _real_type_errors(error: MontyTypingError, *, lenient_names: bool) -> str:
     return "\n".join(line for line in error.display().splitlines() if not any(d in line for d in dropped)).strip()
 
 
-def _guarded() -> bool:
-    """Whether a guard that would act here does: always in a new run; on replay, only if it did when it ran."""
-    return workflow.patched(SANDBOX_GUARDS_PATCH)
+def _guarded(spec: AgentSpec) -> bool:
+    """Whether a guard that would act here does.
+
+    In every run that recorded `sandbox_guards`, and in runs of the release that marked guards with a patch
+    instead (asked only then, so runs older than both replay as they ran).
+    """
+    return spec.sandbox_guards or workflow.patched(SANDBOX_GUARDS_PATCH)
 
 
 def _is_time_limit(error: MontyRuntimeError) -> bool:
@@ -313,7 +317,7 @@ class _SnippetDriver:
                     self._repl.lenient_names = True
                 while not isinstance(snap, MontyComplete):
                     self._answers += 1
-                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded():
+                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded(self._spec):
                         return self._stopped()
                     if isinstance(snap, FunctionSnapshot):
                         snap = await self._answer_call(snap)
@@ -365,10 +369,10 @@ class _SnippetDriver:
         See `_guards` for what each refusal prevents.
         """
         problem = non_json_problem(kwargs, "the arguments")
-        if problem is not None and _guarded():
+        if problem is not None and _guarded(self._spec):
             return {"exc_type": "TypeError", "message": f"{name}(): {problem}"}, 0
         in_flight = len(self._started)
-        if in_flight >= MAX_CALLS_IN_FLIGHT and _guarded():
+        if in_flight >= MAX_CALLS_IN_FLIGHT and _guarded(self._spec):
             return {"exc_type": "RuntimeError", "message": f"{name}(): {in_flight} tool calls are already in "
                     f"flight, the most a program may have at once; gather at most {MAX_CALLS_IN_FLIGHT} calls "
                     "at a time (in batches)"}, 0

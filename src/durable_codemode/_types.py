@@ -94,6 +94,10 @@ class AgentSpec:
     limits: SnippetLimits
     env: dict[str, str]
     """Environment variables the sandbox may read: the agent's allow-list, valued when the run started."""
+    sandbox_guards: bool = False
+    """Whether the sandbox's guards (`_guards`) act in this run. Recorded, so the choice is part of the run:
+    every run started now records `True`; a run recorded before the field existed reads `False` and replays as it
+    ran. (A `workflow.patched` check alone proved unsafe: under load it once answered `False` in a live run.)"""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
