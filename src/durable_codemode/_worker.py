@@ -1,4 +1,4 @@
-"""Connecting to Temporal and serving agents: the data converter, the workflow sandbox, the worker.
+"""Serving agents: the data converter, the workflow runner, the worker (connecting is `_connect`).
 
 Every client and worker of durable-codemode must use the same data converter (pydantic's), or the run's input
 and result cannot be decoded; `connect()` and `create_worker()` set it, and so does `CodeModePlugin` for
@@ -7,26 +7,23 @@ people who build their own `Client`.
 
 from __future__ import annotations
 
-import asyncio
-import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.converter import StorageDriver
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent, serve
 from ._carry import repl_key_from_env
+from ._connect import connect
 from ._converter import DATA_CONVERTER, is_compatible
 from ._errors import CodeModeUserError
 from ._pool import PoolSettings, configure_pool
 from ._sandbox import close_repls
-from ._storage import data_converter, store_from_env
 from ._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ._workflow import CodeModeRunWorkflow
 
@@ -35,16 +32,11 @@ __all__ = [
     "CodeModePlugin",
     "connect",
     "create_worker",
-    "temporal_address",
     "workflow_runner",
 ]
 
 DEFAULT_TASK_QUEUE = "durable-codemode"
 """The task queue runs go to unless told otherwise (also the bundled worker's)."""
-
-def temporal_address() -> str:
-    """`TEMPORAL_ADDRESS` from the environment, else `localhost:7233`."""
-    return os.environ.get("TEMPORAL_ADDRESS", "localhost:7233")
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -78,67 +70,6 @@ class CodeModePlugin(SimplePlugin):
     def __init__(self, *, tracing: bool = False) -> None:
         super().__init__("durable-codemode", data_converter=DATA_CONVERTER,
                          interceptors=client_interceptors() if tracing else None)
-
-
-async def connect(
-    address: str | None = None, *, namespace: str | None = None, payload_store: StorageDriver | None = None,
-    tracing: bool = False, **kwargs: Any,
-) -> Client:
-    """A client for durable-codemode runs.
-
-    Args:
-        address: `host:port`; defaults to `TEMPORAL_ADDRESS`, else `localhost:7233`.
-        namespace: defaults to `TEMPORAL_NAMESPACE`, else `default`.
-        payload_store: where payloads over 256 KiB go instead of the history (a `LocalPayloadStore`, or any
-            Temporal `StorageDriver` such as S3's); defaults to `CODEMODE_PAYLOAD_STORE`, else none. Workers
-            built on this client use it too; every client, worker and replayer of these runs needs the same.
-        tracing: add Temporal's OpenTelemetry interceptor: runs started inside a span are traced under it, and
-            workers created from this client trace their runs. Needs `opentelemetry-sdk`.
-        kwargs: passed to `Client.connect` (e.g. `tls`, `api_key`).
-
-    Raises:
-        CodeModeUserError: the server cannot be reached; the message names the address and how to start one.
-
-    """
-    target = address or temporal_address()
-    if tracing:
-        kwargs["interceptors"] = [*kwargs.get("interceptors", ()), *client_interceptors()]
-    try:
-        # Bounded: an address that drops packets would otherwise keep a command waiting on the TCP connect.
-        return await asyncio.wait_for(Client.connect(
-            target,
-            namespace=namespace or os.environ.get("TEMPORAL_NAMESPACE", "default"),
-            data_converter=data_converter(payload_store or store_from_env()),
-            **kwargs,
-        ), CONNECT_TIMEOUT_SECONDS)
-    except (RuntimeError, ValueError, TimeoutError) as e:  # unreachable / refused, or a malformed address
-        raise CodeModeUserError(
-            f"cannot reach a Temporal server at {target} ({connect_failure_reason(e)}). Start one with `codemode "
-            "dev` (embedded dev server and worker), or set TEMPORAL_ADDRESS to your server's host:port."
-        ) from e
-
-
-CONNECT_TIMEOUT_SECONDS = 10.0
-"""How long `connect()` waits for the server before giving up."""
-
-_REASONS = (
-    ("Connection refused", "connection refused: nothing listens on that port"),
-    ("dns error", "the host name does not resolve"),
-    ("invalid target URL", "not a host:port address"),
-    ("grpc-status header missing", "something answers there, but it is not a Temporal server"),
-    ("Namespace", "the namespace does not exist (TEMPORAL_NAMESPACE)"),
-)
-
-
-def connect_failure_reason(error: BaseException) -> str:
-    """A short reason for a failed connect, from the client's long transport error."""
-    if isinstance(error, TimeoutError):
-        return f"no answer within {CONNECT_TIMEOUT_SECONDS:g} s"
-    text = str(error)
-    for needle, reason in _REASONS:
-        if needle.lower() in text.lower():
-            return reason
-    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def create_worker(

@@ -652,8 +652,8 @@ def _select(args: argparse.Namespace) -> list[Task]:
 
 async def bench_command(args: argparse.Namespace) -> int:
     """`codemode bench`: exit 0 when every row passed, 1 when one did not, 2 on a usage error."""
+    from ._connect import configured_address, connect
     from ._devserver import start_dev_server
-    from ._worker import connect
     from .cli import EXIT_FAILED, EXIT_OK
 
     def say(text: str = "") -> None:
@@ -672,9 +672,9 @@ async def bench_command(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         progress(f"codemode: warning: --plot needs matplotlib ({PLOT_INSTALL}); the tables and --json are still "
                  "written")
-    if os.environ.get("TEMPORAL_ADDRESS"):
+    if configured_address():
         client = await connect()
-        server = f"{client.service_client.config.target_host} (TEMPORAL_ADDRESS)"
+        server = f"{client.service_client.config.target_host} (TEMPORAL_ADDRESS or the Temporal profile)"
         rows = await _bench_on(client, tasks, args, server, progress)
     else:
         # The dev server prints a banner on the stdout it inherits: stdout is for the tables.

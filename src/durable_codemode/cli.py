@@ -57,6 +57,7 @@ from ._agent import CodeModeAgent
 from ._approvals import PendingApproval
 from ._capture import quiet_replays
 from ._client import decide, decide_all, pending_approvals, start_run, validate_run_input
+from ._connect import configured_address
 from ._devserver import start_dev_server
 from ._errors import CodeModeUserError
 from ._history import fetch_chain, fetch_history, histories_to_json, read_histories, trace_histories, trace_run
@@ -196,25 +197,27 @@ async def _embedded_server(
 
 
 async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
-    """Serve the bundled agents until Ctrl-C: on `TEMPORAL_ADDRESS` if set, else on an embedded dev server.
+    """Serve the bundled agents until Ctrl-C: on the configured server if any, else on an embedded dev server.
+
+    The configured server is `TEMPORAL_ADDRESS`, or the address of the Temporal client profile (`_connect`).
 
     The one implementation behind `python worker.py` and `codemode worker`. The embedded server persists to
     `DEV_SERVER_DB`, so runs started against it survive a restart of the worker.
 
     Raises:
-        CodeModeUserError: `TEMPORAL_ADDRESS` is set but unreachable, or an agent is misconfigured.
+        CodeModeUserError: the configured server is unreachable, or an agent is misconfigured.
 
     """
     agents = _bundled_agents()
-    if os.environ.get(_ADDRESS_ENV):
+    if configured_address():
         client = await connect()
-        _say(f"connected to {_address(client)} ({_ADDRESS_ENV})")
+        _say(f"connected to {_address(client)} ({_ADDRESS_ENV} or the Temporal profile)")
         await _serve(client, agents, task_queue)
         return EXIT_OK
     async with _embedded_server(DEV_SERVER_DB) as client:
         address = _address(client)
-        _say(f"embedded Temporal dev server at {address} ({_ADDRESS_ENV} is unset), runs kept in "
-             f"{DEV_SERVER_DB.expanduser()}")
+        _say(f"embedded Temporal dev server at {address} ({_ADDRESS_ENV} and the Temporal profile name no "
+             f"server), runs kept in {DEV_SERVER_DB.expanduser()}")
         _how_to_run(address, task_queue)
         await _serve(client, agents, task_queue)
     return EXIT_OK
