@@ -27,6 +27,7 @@ from ._carry import SealRequest, SealResult, monty_version, seal
 from ._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from ._context import ToolCallContext, bind_call
 from ._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
+from ._heartbeat import heartbeating
 from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
 from ._types import AgentSpec, ModelRequestInput, ToolCallInput
 
@@ -110,7 +111,7 @@ class CodeModeActivities:
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
         """One request to the agent's model (or the run's override)."""
         try:
-            return await self.agent(input.agent).request(input.model, input.messages, input.tools)
+            return await heartbeating(self.agent(input.agent).request(input.model, input.messages, input.tools))
         except (CodeModeUserError, UserError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
@@ -134,7 +135,8 @@ class CodeModeActivities:
                               attempt=info.attempt)
         with bind_call(ctx):
             try:
-                result = await agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt)
+                result = await heartbeating(
+                    agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt))
             except _TRANSIENT as e:
                 raise ApplicationError(_message(e), type=type(e).__name__) from e
             except ValidationError as e:

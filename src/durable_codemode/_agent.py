@@ -233,7 +233,8 @@ class CodeModeAgent:
                                   retry_policy=options.retry_policy, local=options.local,
                                   requires_approval=options.requires_approval or tool.tool_def.kind == "unapproved",
                                   approval_rule=options.approval_rule is not None,
-                                  approval_timeout=options.approval_timeout))
+                                  approval_timeout=options.approval_timeout,
+                                  heartbeat_timeout=options.heartbeat_timeout))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
         model = self.agent.model

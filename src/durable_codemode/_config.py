@@ -51,6 +51,11 @@ class ToolOptions:
     """Retries for transient failures only: a timeout, a lost worker, `TransientToolError`, `ConnectionError`.
     Any other exception a tool raises is final and reaches the program at once."""
 
+    heartbeat_timeout: timedelta | None = timedelta(seconds=10)
+    """How soon an attempt whose worker died is retried on another worker: the worker heartbeats while the tool
+    runs, and Temporal gives up on the attempt once beats stop for this long (instead of waiting out `timeout`).
+    `None`: no heartbeats. Not used by local activities, which die and are retried with their workflow task."""
+
     local: bool = False
     """Run as a local activity: ~10x cheaper per call, for short idempotent tools. While local activities run,
     queries and updates to the run wait, so keep this off for tools of agents that await approvals."""
@@ -74,6 +79,9 @@ class ToolOptions:
     def __post_init__(self) -> None:
         if self.timeout <= timedelta(0):
             raise CodeModeUserError(f"ToolOptions.timeout must be positive, got {self.timeout}")
+        if self.heartbeat_timeout is not None and self.heartbeat_timeout <= timedelta(0):
+            raise CodeModeUserError(
+                f"ToolOptions.heartbeat_timeout must be positive or None (no heartbeats), got {self.heartbeat_timeout}")
         if self.retry_policy.maximum_attempts == 0:
             raise CodeModeUserError(
                 "ToolOptions.retry_policy.maximum_attempts is 0, which Temporal reads as 'retry forever'; "

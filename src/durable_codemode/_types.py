@@ -72,6 +72,8 @@ class ToolSpec:
     approval_rule: bool = False
     """The tool has an `approval_rule`, looked up in this process by (agent, tool) when a call is made."""
     approval_timeout: timedelta | None = None
+    heartbeat_timeout: timedelta | None = None
+    """Recorded `ToolOptions.heartbeat_timeout`; runs recorded before it read `None` (no heartbeats)."""
 
 
 @dataclass(kw_only=True)

@@ -78,6 +78,8 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["CodeModeRunWorkflow"]
 
 _MODEL_TIMEOUT = timedelta(minutes=5)
+_MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
+"""A model request whose worker died is retried elsewhere after this, not after `_MODEL_TIMEOUT` (`_heartbeat`)."""
 _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
@@ -233,6 +235,7 @@ class CodeModeRunWorkflow:
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
+                heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
                 retry_policy=_MODEL_RETRY,
                 summary=f"model turn {index}",
             ), turn=index, model=input.model)
@@ -376,6 +379,8 @@ class CodeModeRunWorkflow:
             "activity_id": tool_activity_id(call_id, tool, args),
             "summary": f"{call_id} {tool}({preview(args, 120)[1:-1] if args else ''})",
         }
+        if spec.heartbeat_timeout is not None and not spec.local:
+            options["heartbeat_timeout"] = spec.heartbeat_timeout
         payload = ToolCallInput(tool=tool, args=args, call_id=call_id)
         started = workflow.now()
         status: Any = "ok"

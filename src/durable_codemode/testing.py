@@ -139,7 +139,13 @@ async def running_worker(
 async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
     """The histories of every run of a continue-as-new chain, first to last."""
     client = handle._client
-    run_id: str | None = handle.first_execution_run_id or handle.result_run_id or handle.run_id
+    run_id: str | None = handle.first_execution_run_id
+    if run_id is None:
+        # A handle from `get_workflow_handle(id)` (or one whose first run is unknown): every run's start event
+        # names the chain's first run.
+        latest = await client.get_workflow_handle(handle.id, run_id=handle.result_run_id or handle.run_id
+                                                  ).fetch_history()
+        run_id = latest.events[0].workflow_execution_started_event_attributes.first_execution_run_id
     histories = []
     while run_id:
         history = await client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()

@@ -1,0 +1,45 @@
+"""Heartbeats for activities that may outlive their worker: the model request and tool calls.
+
+Without a heartbeat timeout Temporal notices a dead worker's activity only when its start-to-close timeout
+passes (5 minutes for a model request), and the run waits that long after a SIGKILL. With one, it retries the
+attempt elsewhere once heartbeats stop. The call itself need not know: `heartbeating` beats while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import activity
+
+__all__ = ["heartbeating"]
+
+_T = TypeVar("_T")
+
+_BEATS_PER_TIMEOUT = 3
+"""Beats sent per heartbeat timeout, so one delayed beat does not time a live attempt out."""
+
+
+async def heartbeating(call: Awaitable[_T]) -> _T:
+    """Await `call` in the current activity, heartbeating meanwhile if the activity has a heartbeat timeout.
+
+    The SDK throttles and batches heartbeats, so a beat costs no RPC of its own. The beats run on the event loop:
+    a synchronous tool runs in a thread (pydantic-ai's `run_in_executor`), so a slow tool keeps beating, while a
+    coroutine that blocks the loop stops the beats and is retried as a lost attempt, which is what it looks like.
+    """
+    timeout = activity.info().heartbeat_timeout
+    if not timeout or timeout <= timedelta(0):
+        return await call
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(timeout.total_seconds() / _BEATS_PER_TIMEOUT)
+
+    beats = asyncio.create_task(beat())
+    try:
+        return await call
+    finally:
+        beats.cancel()
