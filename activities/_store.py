@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import Any, TypeVar, cast
 
@@ -19,7 +19,7 @@ from pydantic import ConfigDict, with_config
 
 from durable_codemode import current_call
 
-__all__ = ["IdempotentTools", "SqliteStore", "documented"]
+__all__ = ["PAGE_SIZE", "IdempotentTools", "SqliteStore", "check_offset", "documented", "read_page"]
 
 documented = with_config(ConfigDict(use_attribute_docstrings=True))
 """Decorate a tool's result `TypedDict` with this so its field docstrings reach the schema, and so the stubs
@@ -28,6 +28,29 @@ arguments from its docstring, but a nested `TypedDict` is described by its own c
 docstrings out unless told."""
 
 _R = TypeVar("_R")
+
+PAGE_SIZE = 50
+"""Rows per page of every app's list tools: small enough that one page is a short tool result."""
+
+
+def check_offset(offset: int) -> None:
+    """Refuse a negative page offset, saying what to pass instead."""
+    if offset < 0:
+        raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
+
+
+def read_page(conn: sqlite3.Connection, select: str, count: str, params: Sequence[Any],
+              offset: int) -> tuple[list[Any], int | None, int]:
+    """One page of `select` (ordered, without LIMIT) from `offset`: its rows, the next offset, the total.
+
+    `count` counts the same rows with the same `params`, in the same read, so `next_offset` is `None` exactly on
+    the last page.
+    """
+    check_offset(offset)
+    rows = conn.execute(f"{select} LIMIT ? OFFSET ?", (*params, PAGE_SIZE, offset)).fetchall()
+    total = int(conn.execute(count, tuple(params)).fetchone()[0])
+    end = offset + len(rows)
+    return rows, (end if end < total else None), total
 
 _BOOKKEEPING = """
 CREATE TABLE IF NOT EXISTS effects (

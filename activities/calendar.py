@@ -23,7 +23,7 @@ from typing import Any, Literal, cast
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore, documented
+from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, check_offset, documented, read_page
 
 __all__ = [
     "ME",
@@ -41,8 +41,6 @@ __all__ = [
     "expected_responses",
 ]
 
-PAGE_SIZE = 50
-"""Events per `list_events` page."""
 
 ME = "me"
 """The organizer of the calendar owner's own events."""
@@ -301,21 +299,15 @@ class CalendarTools(IdempotentTools):
                 None for all events.
 
         """
-        if offset < 0:
-            raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
+        check_offset(offset)
         if status is not None and status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)} (or None for all), got {status!r}")
         where, params = ("WHERE my_status = ?", (status,)) if status is not None else ("", ())
         with self.store.read() as conn:
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM events {where} ORDER BY start, event_id LIMIT ? OFFSET ?",
-                (*params, PAGE_SIZE, offset),
-            ).fetchall()
-            total = int(conn.execute(f"SELECT COUNT(*) FROM events {where}", params).fetchone()[0])
-        end = offset + len(rows)
-        return EventPage(
-            items=[_event(row) for row in rows], next_offset=end if end < total else None, total_events=total
-        )
+            rows, next_offset, total = read_page(
+                conn, f"SELECT {_COLUMNS} FROM events {where} ORDER BY start, event_id",
+                f"SELECT COUNT(*) FROM events {where}", params, offset)
+        return EventPage(items=[_event(row) for row in rows], next_offset=next_offset, total_events=total)
 
     def get_event(self, event_id: int) -> Event:
         """Get one event by its id.

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore, documented
+from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, documented, read_page
 
 __all__ = [
     "PAGE_SIZE",
@@ -33,8 +33,6 @@ __all__ = [
     "over_threshold",
 ]
 
-PAGE_SIZE = 50
-"""Lines per `list_cart` page."""
 
 _CATALOG = (
     "Espresso beans 1kg",
@@ -196,19 +194,11 @@ class CartTools(IdempotentTools):
             offset: How many lines to skip; 0 for the first page, then the previous page's `next_offset`.
 
         """
-        if offset < 0:
-            raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
         with self.store.read() as conn:
-            rows = conn.execute(
-                "SELECT line_id, product, unit_price_cents, quantity FROM lines ORDER BY line_id"
-                " LIMIT ? OFFSET ?",
-                (PAGE_SIZE, offset),
-            ).fetchall()
-            total = int(conn.execute("SELECT COUNT(*) FROM lines").fetchone()[0])
-        end = offset + len(rows)
-        return CartPage(
-            items=[_line(row) for row in rows], next_offset=end if end < total else None, total_lines=total
-        )
+            rows, next_offset, total = read_page(
+                conn, "SELECT line_id, product, unit_price_cents, quantity FROM lines ORDER BY line_id",
+                "SELECT COUNT(*) FROM lines", (), offset)
+        return CartPage(items=[_line(row) for row in rows], next_offset=next_offset, total_lines=total)
 
     def get_line(self, line_id: int) -> CartLine:
         """Get one cart line by its id.

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore, documented
+from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, check_offset, documented, read_page
 
 __all__ = [
     "BOT",
@@ -46,8 +46,6 @@ __all__ = [
     "unanswered_refund_questions",
 ]
 
-PAGE_SIZE = 50
-"""Messages per `list_messages` page."""
 
 MAX_TEXT = 4000
 """The longest message text, in characters."""
@@ -379,19 +377,13 @@ class ChatTools(IdempotentTools):
             offset: How many messages to skip; 0 for the first page, then the previous page's `next_offset`.
 
         """
-        if offset < 0:
-            raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
+        check_offset(offset)
         with self.store.read() as conn:
             name = self._channel(conn, channel)
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM messages WHERE channel = ? ORDER BY message_id LIMIT ? OFFSET ?",
-                (name, PAGE_SIZE, offset),
-            ).fetchall()
-            total = int(conn.execute("SELECT COUNT(*) FROM messages WHERE channel = ?", (name,)).fetchone()[0])
-        end = offset + len(rows)
-        return MessagePage(
-            items=[_message(row) for row in rows], next_offset=end if end < total else None, total_messages=total
-        )
+            rows, next_offset, total = read_page(
+                conn, f"SELECT {_COLUMNS} FROM messages WHERE channel = ? ORDER BY message_id",
+                "SELECT COUNT(*) FROM messages WHERE channel = ?", (name,), offset)
+        return MessagePage(items=[_message(row) for row in rows], next_offset=next_offset, total_messages=total)
 
     def get_message(self, message_id: int) -> Message:
         """Get one message by its id.

@@ -24,7 +24,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore, documented
+from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, check_offset, documented, read_page
 
 __all__ = [
     "ORDER_STATUSES",
@@ -41,8 +41,6 @@ __all__ = [
     "reorder_plan",
 ]
 
-PAGE_SIZE = 50
-"""Items (or orders) per page."""
 
 ORDER_STATUSES = ("open", "cancelled")
 """An order is `open` from `create_order` until `cancel_order`."""
@@ -196,11 +194,6 @@ def _not_negative(name: str, value: int, unit: str = "") -> None:
         raise ValueError(f"{name} must be 0 or more{unit}, got {value}")
 
 
-def _page_bounds(offset: int) -> None:
-    if offset < 0:
-        raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
-
-
 class InventoryStore(SqliteStore):
     """The inventory's SQLite file, plus the bookkeeping tests use to check side effects ran exactly once."""
 
@@ -290,14 +283,10 @@ class InventoryTools(IdempotentTools):
             offset: How many items to skip; 0 for the first page, then the previous page's `next_offset`.
 
         """
-        _page_bounds(offset)
         with self.store.read() as conn:
-            rows = conn.execute(
-                f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id LIMIT ? OFFSET ?", (PAGE_SIZE, offset)
-            ).fetchall()
-            total = int(conn.execute("SELECT COUNT(*) FROM items").fetchone()[0])
-        end = offset + len(rows)
-        return ItemPage(items=[_item(row) for row in rows], next_offset=end if end < total else None, total_items=total)
+            rows, next_offset, total = read_page(
+                conn, f"SELECT {_ITEM_COLUMNS} FROM items ORDER BY item_id", "SELECT COUNT(*) FROM items", (), offset)
+        return ItemPage(items=[_item(row) for row in rows], next_offset=next_offset, total_items=total)
 
     def get_item(self, item_id: int) -> Item:
         """Get one item by its id.
@@ -408,7 +397,7 @@ class InventoryTools(IdempotentTools):
             status: `open` or `cancelled`; None: every order.
 
         """
-        _page_bounds(offset)
+        check_offset(offset)
         clause = ""
         params: tuple[str, ...] = ()
         if status is not None:
@@ -416,15 +405,10 @@ class InventoryTools(IdempotentTools):
                 raise ValueError(f"status must be one of {', '.join(ORDER_STATUSES)} (got {status!r}), or None")
             clause, params = " WHERE status = ?", (status,)
         with self.store.read() as conn:
-            rows = conn.execute(
-                f"SELECT {_ORDER_COLUMNS} FROM orders{clause} ORDER BY order_id LIMIT ? OFFSET ?",
-                (*params, PAGE_SIZE, offset),
-            ).fetchall()
-            total = int(conn.execute(f"SELECT COUNT(*) FROM orders{clause}", params).fetchone()[0])
-        end = offset + len(rows)
-        return OrderPage(
-            items=[_order(row) for row in rows], next_offset=end if end < total else None, total_orders=total
-        )
+            rows, next_offset, total = read_page(
+                conn, f"SELECT {_ORDER_COLUMNS} FROM orders{clause} ORDER BY order_id",
+                f"SELECT COUNT(*) FROM orders{clause}", params, offset)
+        return OrderPage(items=[_order(row) for row in rows], next_offset=next_offset, total_orders=total)
 
     def get_order(self, order_id: int) -> Order:
         """Get one purchase order by its id.

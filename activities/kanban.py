@@ -22,7 +22,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import IdempotentTools, SqliteStore, documented
+from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, check_offset, documented, read_page
 
 __all__ = [
     "PAGE_SIZE",
@@ -41,8 +41,6 @@ __all__ = [
     "rebalance_moves",
 ]
 
-PAGE_SIZE = 50
-"""Tasks per `list_tasks` page."""
 
 TEAM = ("Alex", "Blair", "Casey", "Devon", "Emery")
 """The fixed team: every task is assigned to one of them."""
@@ -259,8 +257,7 @@ class KanbanTools(IdempotentTools):
             status: Only tasks with this exact status (`open`, `in_progress` or `done`); None: any status.
 
         """
-        if offset < 0:
-            raise ValueError(f"offset must be 0 or more, got {offset}; start at 0 and follow next_offset")
+        check_offset(offset)
         where: list[str] = []
         params: list[Any] = []
         if assignee is not None:
@@ -273,13 +270,10 @@ class KanbanTools(IdempotentTools):
             params.append(status)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         with self.store.read() as conn:
-            rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM tasks{clause} ORDER BY task_id LIMIT ? OFFSET ?",
-                (*params, PAGE_SIZE, offset),
-            ).fetchall()
-            total = int(conn.execute(f"SELECT COUNT(*) FROM tasks{clause}", params).fetchone()[0])
-        end = offset + len(rows)
-        return TaskPage(items=[_task(row) for row in rows], next_offset=end if end < total else None, total_tasks=total)
+            rows, next_offset, total = read_page(
+                conn, f"SELECT {_COLUMNS} FROM tasks{clause} ORDER BY task_id",
+                f"SELECT COUNT(*) FROM tasks{clause}", params, offset)
+        return TaskPage(items=[_task(row) for row in rows], next_offset=next_offset, total_tasks=total)
 
     def get_task(self, task_id: int) -> Task:
         """Get one task by its id.

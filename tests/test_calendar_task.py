@@ -8,31 +8,20 @@ import pytest
 from temporalio.client import Client
 
 from activities.calendar import CalendarStore, CalendarTools, expected_responses
-from durable_codemode import start_run
-from durable_codemode.testing import new_task_queue, replay, running_worker
 from workflows.calendar import CALENDAR_DB_ENV, CALENDAR_TASK, CalendarInstance, agents
 from workflows.tasks import Mode
+
+from ._tasks import run_graded
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
 async def test_calendar_task_at_20_in_both_modes(client: Client, tmp_path: Path, mode: Mode) -> None:
     instance = CALENDAR_TASK.setup(tmp_path, 20)
-    agent = instance.agent(mode)
-    task_queue = new_task_queue()
-    async with running_worker(client, [agent], task_queue=task_queue):
-        handle = await start_run(client, agent.name, instance.prompt, task_queue=task_queue)
-        result = await handle.result()
-        await replay(handle)
-    assert agent.name == "calendar"
-    assert instance.check(result.output) == []
-    assert instance.duplicate_effects() == 0
+    assert instance.agent(mode).name == "calendar"
+    await run_graded(client, instance, mode)
     expected = expected_responses(instance.before)
     assert instance.store.execution_count("respond_to_invite") == len(expected)
     assert instance.store.execution_count() == len(expected)
-    if mode == "on":
-        assert len(result.nested_calls) > 0 and not result.direct_calls
-    else:
-        assert len(result.direct_calls) > 0 and not result.nested_calls
 
 
 def _answer_all(instance: CalendarInstance) -> dict[int, str]:

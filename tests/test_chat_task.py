@@ -8,30 +8,19 @@ import pytest
 from temporalio.client import Client
 
 from activities.chat import ChatStore, ChatTools, unanswered_refund_questions
-from durable_codemode import start_run
-from durable_codemode.testing import new_task_queue, replay, running_worker
 from workflows.chat import CHAT_DB_ENV, CHAT_TASK, REFUND_FORM, ChatInstance, agents
 from workflows.tasks import Mode
+
+from ._tasks import run_graded
 
 
 @pytest.mark.parametrize("mode", ["on", "off"])
 async def test_chat_task_at_20_in_both_modes(client: Client, tmp_path: Path, mode: Mode) -> None:
     instance = CHAT_TASK.setup(tmp_path, 20)
-    agent = instance.agent(mode)
-    task_queue = new_task_queue()
-    async with running_worker(client, [agent], task_queue=task_queue):
-        handle = await start_run(client, agent.name, instance.prompt, task_queue=task_queue)
-        result = await handle.result()
-        await replay(handle)
-    assert agent.name == "chat"
-    assert instance.check(result.output) == []
-    assert instance.duplicate_effects() == 0
+    assert instance.agent(mode).name == "chat"
+    await run_graded(client, instance, mode)
     targets = unanswered_refund_questions(instance.before)
     assert instance.store.execution_count("post_message") == instance.store.execution_count() == len(targets)
-    if mode == "on":
-        assert len(result.nested_calls) > 0 and not result.direct_calls
-    else:
-        assert len(result.direct_calls) > 0 and not result.nested_calls
 
 
 def _reply_to_all(instance: ChatInstance) -> int:

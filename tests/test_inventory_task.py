@@ -8,11 +8,11 @@ import pytest
 from temporalio.client import Client
 
 from activities.inventory import InventoryTools, Item, plan_cost_cents, reorder_plan
-from durable_codemode import start_run
-from durable_codemode.testing import new_task_queue, replay, running_worker
 from workflows.cart import format_cents
 from workflows.inventory import INVENTORY_TASK, InventoryInstance
 from workflows.tasks import Mode
+
+from ._tasks import run_graded
 
 
 def _item(item_id: int, on_hand: int, threshold: int, cost: int) -> Item:
@@ -84,17 +84,6 @@ def test_oracle_fails_on_a_wrong_quantity_a_cancelled_order_and_a_changed_item(t
 async def test_inventory_task_at_20_in_both_modes(client: Client, tmp_path: Path, mode: Mode) -> None:
     instance = INVENTORY_TASK.setup(tmp_path, 20)
     assert isinstance(instance, InventoryInstance)
-    agent = instance.agent(mode)
-    assert agent.name == "inventory"
-    task_queue = new_task_queue()
-    async with running_worker(client, [agent], task_queue=task_queue):
-        handle = await start_run(client, agent.name, instance.prompt, task_queue=task_queue)
-        result = await handle.result()
-        await replay(handle)
-    assert instance.check(result.output) == []
-    assert instance.duplicate_effects() == 0
+    assert instance.agent(mode).name == "inventory"
+    await run_graded(client, instance, mode)
     assert instance.store.execution_count("create_order") == len(reorder_plan(instance.before))
-    if mode == "on":
-        assert len(result.nested_calls) > 0 and not result.direct_calls
-    else:
-        assert len(result.direct_calls) > 0 and not result.nested_calls

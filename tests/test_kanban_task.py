@@ -8,10 +8,10 @@ import pytest
 from temporalio.client import Client
 
 from activities.kanban import KanbanTools, Task, open_points, rebalance_moves
-from durable_codemode import start_run
-from durable_codemode.testing import new_task_queue, replay, running_worker
 from workflows.kanban import KANBAN_TASK, KanbanInstance
 from workflows.tasks import Mode
+
+from ._tasks import run_graded
 
 
 def _task(task_id: int, assignee: str, points: int, priority: str = "high", status: str = "open") -> Task:
@@ -89,17 +89,6 @@ def test_oracle_fails_on_other_changes(tmp_path: Path) -> None:
 async def test_kanban_task_at_20_in_both_modes(client: Client, tmp_path: Path, mode: Mode) -> None:
     instance = KANBAN_TASK.setup(tmp_path, 20)
     assert isinstance(instance, KanbanInstance)
-    agent = instance.agent(mode)
-    assert agent.name == "kanban"
-    task_queue = new_task_queue()
-    async with running_worker(client, [agent], task_queue=task_queue):
-        handle = await start_run(client, agent.name, instance.prompt, task_queue=task_queue)
-        result = await handle.result()
-        await replay(handle)
-    assert instance.check(result.output) == []
-    assert instance.duplicate_effects() == 0
+    assert instance.agent(mode).name == "kanban"
+    await run_graded(client, instance, mode)
     assert instance.store.execution_count("update_task") == len(instance.moves)
-    if mode == "on":
-        assert len(result.nested_calls) > 0 and not result.direct_calls
-    else:
-        assert len(result.direct_calls) > 0 and not result.nested_calls
