@@ -18,7 +18,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -78,19 +79,49 @@ def big_agent(size: int) -> CodeModeAgent:
     return CodeModeAgent(agent)
 
 
-async def chain_stats(handle: WorkflowHandle[Any, Any]) -> tuple[list[WorkflowHistory], int, int]:
-    """The chain's histories as stored (payload references, not the payloads), their total and largest size."""
+@dataclass
+class Measured:
+    """One side of a scenario: its wall time, its chain's histories as stored, their replay time, its value."""
+
+    value: Any
+    wall: float
+    histories: list[WorkflowHistory]
+    total_bytes: int
+    largest_bytes: int
+    replay: float
+
+
+async def measure(client: Client, start: Callable[[], Awaitable[WorkflowHandle[Any, Any]]],
+                  workflows: list[type]) -> Measured:
+    """Start a workflow, wait for it, and size and replay its continue-as-new chain.
+
+    Sizes are of the histories as stored (payload references, not the payloads); the replay is offline, with
+    the client's data converter (so the payload store resolves references).
+    """
+    t0 = time.perf_counter()
+    handle = await start()
+    value = await handle.result()
+    wall = time.perf_counter() - t0
     histories = await fetch_chain_histories(handle)
     sizes = [sum(e.ByteSize() for e in h.events) for h in histories]
-    return histories, sum(sizes), max(sizes)
-
-
-async def replay_seconds(client: Client, histories: Sequence[WorkflowHistory], workflows: list[type]) -> float:
     replayer = Replayer(workflows=workflows, data_converter=client.data_converter, workflow_runner=workflow_runner())
-    started = time.perf_counter()
+    t0 = time.perf_counter()
     for history in histories:
         await replayer.replay_workflow(history)
-    return time.perf_counter() - started
+    return Measured(value=value, wall=wall, histories=histories, total_bytes=sum(sizes), largest_bytes=max(sizes),
+                    replay=time.perf_counter() - t0)
+
+
+def _compared(cm: Measured, fl: Measured, digits: int) -> list[str]:
+    """The table cells both scenarios share: walls, their ratio, history sizes, replay times."""
+    return [f"{cm.wall:.2f} s", f"{fl.wall:.2f} s", f"{cm.wall / fl.wall:.2f}x",
+            f"{cm.total_bytes / 1e6:.{digits}f} / {cm.largest_bytes / 1e6:.{digits}f} MB",
+            f"{fl.total_bytes / 1e6:.{digits}f} / {fl.largest_bytes / 1e6:.{digits}f} MB",
+            f"{cm.replay * 1000:.0f} / {fl.replay * 1000:.0f} ms"]
+
+
+def ok_text(ok: bool) -> str:
+    return "ok" if ok else "WRONG"
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -111,59 +142,30 @@ async def run(args: argparse.Namespace) -> int:
             client = await connect(env.client.service_client.config.target_host, payload_store=store)
             size = int(args.big_mb * 1024 * 1024)
             agents = [long_agent(args.snippets, args.calls, args.per_run), big_agent(size)]
-            cm = create_worker(client, agents, task_queue=CM_QUEUE, repl_key=secrets.token_bytes(32))
-            floor = Worker(client, task_queue=FLOOR_QUEUE, workflows=[LongFloorWorkflow, BigFloorWorkflow],
-                           activities=[floor_get, floor_model, floor_big])
-            async with cm, floor:
+            cm_worker = create_worker(client, agents, task_queue=CM_QUEUE, repl_key=secrets.token_bytes(32))
+            floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[LongFloorWorkflow, BigFloorWorkflow],
+                                  activities=[floor_get, floor_model, floor_big])
+            async with cm_worker, floor_worker:
                 expected = args.snippets * sum(range(args.calls))
-                # Long run, code mode.
-                t0 = time.perf_counter()
-                handle = await start_run(client, "bench-long", "go", task_queue=CM_QUEUE)
-                result = await handle.result()
-                cm_wall = time.perf_counter() - t0
-                ok = result.output == str(expected)
-                failures += not ok
-                cm_hist, cm_bytes, cm_max = await chain_stats(handle)
-                cm_replay = await replay_seconds(client, cm_hist, [CodeModeRunWorkflow])
-                # Long run, floor.
-                t0 = time.perf_counter()
-                fid = f"long-floor-{uuid.uuid4().hex[:8]}"
-                floor_handle = await client.start_workflow(
+                cm = await measure(client, lambda: start_run(client, "bench-long", "go", task_queue=CM_QUEUE),
+                                   [CodeModeRunWorkflow])
+                fl = await measure(client, lambda: client.start_workflow(
                     LongFloorWorkflow.run, LongFloorInput(batches=args.snippets, size=args.calls,
                                                           per_run=args.per_run),
-                    id=fid, task_queue=FLOOR_QUEUE)
-                total = await floor_handle.result()
-                fl_wall = time.perf_counter() - t0
-                failures += total != expected
-                fl_hist, fl_bytes, fl_max = await chain_stats(floor_handle)
-                fl_replay = await replay_seconds(client, fl_hist, [LongFloorWorkflow])
-                calls = args.snippets * args.calls
-                rows.append([f"long run: {calls:,} nested calls", f"{len(cm_hist) - 1} / {len(fl_hist) - 1}",
-                             f"{cm_wall:.2f} s", f"{fl_wall:.2f} s", f"{cm_wall / fl_wall:.2f}x",
-                             f"{cm_bytes / 1e6:.2f} / {cm_max / 1e6:.2f} MB",
-                             f"{fl_bytes / 1e6:.2f} / {fl_max / 1e6:.2f} MB",
-                             f"{cm_replay * 1000:.0f} / {fl_replay * 1000:.0f} ms", "ok" if ok else "WRONG"])
-                # Largest payload.
-                t0 = time.perf_counter()
-                handle = await start_run(client, "bench-big", "go", task_queue=CM_QUEUE)
-                big = await handle.result()
-                cm_wall = time.perf_counter() - t0
-                ok = big.output == str(size)
+                    id=f"long-floor-{uuid.uuid4().hex[:8]}", task_queue=FLOOR_QUEUE), [LongFloorWorkflow])
+                ok = cm.value.output == str(expected) and fl.value == expected
                 failures += not ok
-                cm_hist, cm_bytes, cm_max = await chain_stats(handle)
-                cm_replay = await replay_seconds(client, cm_hist, [CodeModeRunWorkflow])
-                t0 = time.perf_counter()
-                bid = f"big-floor-{uuid.uuid4().hex[:8]}"
-                big_handle = await client.start_workflow(BigFloorWorkflow.run, size, id=bid, task_queue=FLOOR_QUEUE)
-                length = await big_handle.result()
-                fl_wall = time.perf_counter() - t0
-                failures += length != size
-                fl_hist, fl_bytes, fl_max = await chain_stats(big_handle)
-                fl_replay = await replay_seconds(client, fl_hist, [BigFloorWorkflow])
-                rows.append([f"payload: one {args.big_mb:g} MB tool result", "0 / 0", f"{cm_wall:.2f} s",
-                             f"{fl_wall:.2f} s", f"{cm_wall / fl_wall:.2f}x", f"{cm_bytes / 1e6:.3f} MB",
-                             f"{fl_bytes / 1e6:.3f} MB", f"{cm_replay * 1000:.0f} / {fl_replay * 1000:.0f} ms",
-                             "ok" if ok else "WRONG"])
+                rows.append([f"long run: {args.snippets * args.calls:,} nested calls",
+                             f"{len(cm.histories) - 1} / {len(fl.histories) - 1}", *_compared(cm, fl, 2), ok_text(ok)])
+                cm = await measure(client, lambda: start_run(client, "bench-big", "go", task_queue=CM_QUEUE),
+                                   [CodeModeRunWorkflow])
+                fl = await measure(client, lambda: client.start_workflow(
+                    BigFloorWorkflow.run, size, id=f"big-floor-{uuid.uuid4().hex[:8]}", task_queue=FLOOR_QUEUE),
+                    [BigFloorWorkflow])
+                ok = cm.value.output == str(size) and fl.value == size
+                failures += not ok
+                rows.append([f"payload: one {args.big_mb:g} MB tool result", "0 / 0", *_compared(cm, fl, 3),
+                             ok_text(ok)])
     finally:
         await env.shutdown()
         shutdown_pool()
