@@ -10,18 +10,16 @@ from __future__ import annotations
 import datetime
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
 from activities.calendar import CalendarStore, CalendarTools, Event, check_invite_responses, expected_responses
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, tool_calling_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "CALENDAR_DB_ENV",
@@ -108,15 +106,8 @@ def _summary(accepted: int, declined: int, left_alone: int) -> str:
     )
 
 
-def _answer(messages: list[ModelMessage]) -> str:
-    """The scripted model's final answer, from what its program returned (or how it failed)."""
-    seen: Any = last_result(messages)
-    if not isinstance(seen, dict):
-        return f"I could not answer your invites: my program was rejected ({seen})."
-    summary = seen.get("result")
-    if not isinstance(summary, dict):
-        return f"I could not finish answering your invites: {seen.get('error', seen)}."
-    return _summary(summary["accepted"], summary["declined"], summary["left_alone"])
+_answer = summary_answer("answer your invites", lambda s: _summary(s["accepted"], s["declined"], s["left_alone"]))
+"""The scripted model's final answer, from what its program returned (or how it failed)."""
 
 
 def scripted_calendar_model() -> FunctionModel:

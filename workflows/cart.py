@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
 from activities.cart import CartLine, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, tool_calling_model
+from durable_codemode.testing import RunCode, scripted_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "CART_DB_ENV",
@@ -105,19 +104,15 @@ def format_cents(cents: int) -> str:
     return f"{sign}${dollars:,}.{rest:02d}"
 
 
-def _answer(messages: list[ModelMessage]) -> str:
-    """The scripted model's final answer, from what its program returned (or how it failed)."""
-    seen: Any = last_result(messages)
-    if not isinstance(seen, dict):
-        # A retry prompt (the program was rejected): a real model would fix the code; the script cannot.
-        return f"I could not change your cart: my program was rejected ({seen})."
-    summary = seen.get("result")
-    if not isinstance(summary, dict):
-        return f"I could not finish changing your cart: {seen.get('error', seen)}."
+def _removed_reply(summary: dict[str, Any]) -> str:
     return (
         f"Removed {summary['removed']} lines over $50 each ({format_cents(summary['removed_cents'])}); "
         f"{summary['remaining']} lines remain ({format_cents(summary['remaining_cents'])})."
     )
+
+
+_answer = summary_answer("change your cart", _removed_reply)
+"""The scripted model's final answer, from what its program returned (or how it failed)."""
 
 
 def scripted_cart_model() -> FunctionModel:

@@ -16,16 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 
 from activities.cart import CartLine, CartStore, CartTools
 from activities.inventory import InventoryStore, InventoryTools, Item
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import cart_db_path, format_cents, model_from_env
 from workflows.long import LONG_LIMITS, LONG_SIZES
-from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, tool_calling_model
+from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, summary_answer, tool_calling_model
 
 __all__ = ["AGENT_NAME", "CART_INVENTORY_TASK", "INSTRUCTIONS", "StockCheckInstance", "agents"]
 
@@ -159,6 +158,11 @@ def stock_check_agent(
     return CodeModeAgent(agent, code_mode=code_mode, limits=LONG_LIMITS)
 
 
+_answer = summary_answer("finish the stock check", lambda s: _reply(s["removed"], s["reduced"], s["orders"],
+                                                                   s["orders_cents"], s["cart_cents"]))
+"""The scripted code-mode model's final answer."""
+
+
 class StockCheckInstance:
     """`cart-inventory.stock-check` at N cart lines (see `workflows.tasks.Instance`)."""
 
@@ -170,14 +174,6 @@ class StockCheckInstance:
         self.lines_before = self.cart.all_lines()
         self.items_before = self.inventory.all_items()
         self.prompt = PROMPT
-
-    def _answer(self, messages: list[ModelMessage]) -> str:
-        seen: Any = last_result(messages)
-        summary = seen.get("result") if isinstance(seen, dict) else None
-        if not isinstance(summary, dict):
-            return f"I could not finish the stock check: {seen}."
-        return _reply(summary["removed"], summary["reduced"], summary["orders"], summary["orders_cents"],
-                      summary["cart_cents"])
 
     def _policy(self, seen: list[Seen]) -> list[Call] | str:
         """Page through the cart and the items side by side, then make every change at once, then answer."""
@@ -212,7 +208,7 @@ class StockCheckInstance:
     def agent(self, mode: Mode, model: Model | str | None = None) -> CodeModeAgent:
         """The `cart-inventory` agent; scripted for `mode` when `model` is None."""
         if model is None:
-            model = (scripted_model(RunCode(_PROGRAM), self._answer, name="scripted-cart-inventory")
+            model = (scripted_model(RunCode(_PROGRAM), _answer, name="scripted-cart-inventory")
                      if mode == "on" else
                      tool_calling_model(self._policy, name="scripted-tool-calling-cart-inventory"))
         return stock_check_agent(self.cart, self.inventory, model, code_mode=mode == "on")

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
 from activities.chat import ChatStore, ChatTools, Message, check_refund_replies, unanswered_refund_questions
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, tool_calling_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "CHAT_DB_ENV",
@@ -101,15 +99,8 @@ def _summary(replied: int) -> str:
     return f"Replied to {replied} unanswered refund {questions} in #support with the refund form link ({REFUND_FORM})."
 
 
-def _answer(messages: list[ModelMessage]) -> str:
-    """The scripted model's final answer, from what its program returned (or how it failed)."""
-    seen: Any = last_result(messages)
-    if not isinstance(seen, dict):
-        return f"I could not reply: my program was rejected ({seen})."
-    summary = seen.get("result")
-    if not isinstance(summary, dict):
-        return f"I could not finish replying: {seen.get('error', seen)}."
-    return _summary(summary["replied"])
+_answer = summary_answer("reply", lambda s: _summary(s["replied"]))
+"""The scripted model's final answer, from what its program returned (or how it failed)."""
 
 
 def scripted_chat_model() -> FunctionModel:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
 from activities.inventory import InventoryStore, InventoryTools, Item, check_reordered, plan_cost_cents, reorder_plan
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import format_cents, model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, tool_calling_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "DEFAULT_INVENTORY_DB",
@@ -101,15 +99,8 @@ def _summary(orders: int, units: int, total_cents: int) -> str:
     )
 
 
-def _answer(messages: list[ModelMessage]) -> str:
-    """The scripted model's final answer, from what its program returned (or how it failed)."""
-    seen: Any = last_result(messages)
-    if not isinstance(seen, dict):
-        return f"I could not reorder: my program was rejected ({seen})."
-    summary = seen.get("result")
-    if not isinstance(summary, dict):
-        return f"I could not finish reordering: {seen.get('error', seen)}."
-    return _summary(summary["orders"], summary["units"], summary["total_cents"])
+_answer = summary_answer("reorder", lambda s: _summary(s["orders"], s["units"], s["total_cents"]))
+"""The scripted model's final answer, from what its program returned (or how it failed)."""
 
 
 def scripted_inventory_model() -> FunctionModel:

@@ -8,18 +8,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
 from activities.kanban import KanbanStore, KanbanTools, Task, check_rebalanced, rebalance_moves
 from durable_codemode import CodeModeAgent
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, numbers_in, tool_calling_model
+from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, numbers_in, summary_answer, tool_calling_model
 from workflows.tasks import Task as BenchTask
 
 __all__ = [
@@ -110,15 +108,8 @@ def _summary(moved: int, points: int, received: dict[str, int]) -> str:
     )
 
 
-def _answer(messages: list[ModelMessage]) -> str:
-    """The scripted model's final answer, from what its program returned (or how it failed)."""
-    seen: Any = last_result(messages)
-    if not isinstance(seen, dict):
-        return f"I could not rebalance the board: my program was rejected ({seen})."
-    summary = seen.get("result")
-    if not isinstance(summary, dict):
-        return f"I could not finish rebalancing the board: {seen.get('error', seen)}."
-    return _summary(summary["moved"], summary["points"], summary["received"])
+_answer = summary_answer("rebalance the board", lambda s: _summary(s["moved"], s["points"], s["received"]))
+"""The scripted model's final answer, from what its program returned (or how it failed)."""
 
 
 def scripted_kanban_model() -> FunctionModel:

@@ -11,18 +11,16 @@ A real model gets the same prompt; the scripted models (code mode and tool calli
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 
 from activities.cart import CartLine, CartStore, CartTools
 from durable_codemode import CodeModeAgent, SnippetLimits
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, scripted_model
 from workflows.cart import INSTRUCTIONS as CART_INSTRUCTIONS
 from workflows.cart import format_cents
-from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, tool_calling_model
+from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, summary_answer, tool_calling_model
 
 __all__ = ["LONG_CART_TASK", "LONG_LIMITS", "LONG_SIZES", "CapAndBudgetInstance"]
 
@@ -92,6 +90,11 @@ def _reply(over_cap: int, removed: int, total_cents: int, lines_left: int) -> st
             f"the cart now has {lines_left} lines totalling {format_cents(total_cents)}.")
 
 
+_answer = summary_answer("tidy your cart", lambda s: _reply(s["over_cap"], s["removed"], s["total_cents"],
+                                                          s["lines_left"]))
+"""The scripted code-mode model's final answer."""
+
+
 class CapAndBudgetInstance:
     """`cart.cap-and-budget` at N lines (see `workflows.tasks.Instance`)."""
 
@@ -108,13 +111,6 @@ class CapAndBudgetInstance:
             f"3. Tell me how many lines had more than {CAP} units, how many lines you removed, how many lines are "
             "left and the cart's total now."
         )
-
-    def _answer(self, messages: list[ModelMessage]) -> str:
-        seen: Any = last_result(messages)
-        summary = seen.get("result") if isinstance(seen, dict) else None
-        if not isinstance(summary, dict):
-            return f"I could not finish tidying your cart: {seen}."
-        return _reply(summary["over_cap"], summary["removed"], summary["total_cents"], summary["lines_left"])
 
     def _policy(self, seen: list[Seen]) -> list[Call] | str:
         """Page through the whole cart, then cap (every cap decidable at once), then remove, then answer."""
@@ -142,7 +138,7 @@ class CapAndBudgetInstance:
         """The cart agent with the long-horizon limits; scripted for `mode` when `model` is None."""
         if model is None:
             program = _PROGRAM.replace("CAP", str(CAP)).replace("BUDGET", str(self.budget_cents))
-            model = (scripted_model(RunCode(program), self._answer, name="scripted-cart-cap-and-budget")
+            model = (scripted_model(RunCode(program), _answer, name="scripted-cart-cap-and-budget")
                      if mode == "on" else
                      tool_calling_model(self._policy, name="scripted-tool-calling-cart-cap-and-budget"))
         agent = Agent(model, name="cart", instructions=CART_INSTRUCTIONS, toolsets=[CartTools(self.store).toolset()])

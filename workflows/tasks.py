@@ -25,6 +25,7 @@ from pydantic_ai.models import Model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from durable_codemode import CodeModeAgent
+from durable_codemode.testing import last_result
 
 __all__ = [
     "MAX_BATCH",
@@ -174,3 +175,22 @@ def numbers_in(reply: str) -> list[str]:
 def as_json(value: Any) -> str:
     """`value` as compact JSON, for oracle messages."""
     return json.dumps(value, sort_keys=True, default=str)
+
+
+def summary_answer(doing: str, reply: Callable[[dict[str, Any]], str]) -> Callable[[list[ModelMessage]], str]:
+    """The scripted code-mode model's final answer: `reply(summary)` of the dict its program returned.
+
+    When the program was rejected (a retry prompt: a real model would fix the code, the script cannot) or failed,
+    the answer says so instead, as "I could not {doing}: ...", which every oracle fails.
+    """
+
+    def answer(messages: list[ModelMessage]) -> str:
+        seen: Any = last_result(messages)
+        if not isinstance(seen, dict):
+            return f"I could not {doing}: my program was rejected ({seen})."
+        summary = seen.get("result")
+        if not isinstance(summary, dict):
+            return f"I could not {doing}: {seen.get('error', seen)}."
+        return reply(summary)
+
+    return answer
