@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
@@ -116,3 +117,28 @@ async def test_workers_run_few_workflow_tasks_at_once(env: WorkflowEnvironment, 
     mine = create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=50)
     assert mine.config()["max_concurrent_workflow_tasks"] == 50
 
+
+@pytest.mark.timeout(120)
+async def test_model_request_lost_with_its_worker_is_retried_after_the_heartbeat_timeout(
+        env: WorkflowEnvironment, tmp_path: Path) -> None:
+    """A model request heartbeats: killed with its worker, it is retried after 10 s, not after its 5 minutes."""
+    client = env.client
+    task_queue = new_task_queue("model-kill")
+    task = LedgerTask(account="hang", gathers=1, width=2, sequential=1, model_hang=600)
+    async with worker_fleet(client, client.service_client.config.target_host, task_queue, tmp_path) as fleet:
+        ledger = Ledger(fleet.ledger)
+        first = await fleet.start(spare=True)
+        handle = await start_run(client, AGENT, task.prompt(), task_queue=task_queue)
+        while ledger.model_hangs() == 0:
+            await asyncio.sleep(0.05)
+        first.kill()
+        await fleet.start()
+        result = await asyncio.wait_for(handle.result(), 90)  # the start-to-close timeout would be 300 s
+    assert result.output == str(task.expected(approved=True))
+    history = await handle.fetch_history()
+    model_starts = [e.activity_task_started_event_attributes for e in history.events
+                    if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED][:1]
+    assert model_starts[0].attempt == 2
+    assert model_starts[0].last_failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT
+    assert ledger.duplicate_effects() == 0 and ledger.execution_count() == task.mutations()
+    await replay(handle)

@@ -9,6 +9,7 @@ exception's name, so the program sees a `KeyError` as a `KeyError`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -108,7 +109,8 @@ class CodeModeActivities:
 
     @activity.defn(name=MODEL_REQUEST_ACTIVITY)
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
-        """One request to the agent's model (or the run's override)."""
+        """One request to the agent's model (or the run's override), heartbeating while it waits."""
+        beating = asyncio.create_task(_heartbeat_forever())
         try:
             return await self.agent(input.agent).request(input.model, input.messages, input.tools)
         except (CodeModeUserError, UserError) as e:
@@ -117,6 +119,8 @@ class CodeModeActivities:
             # 4xx other than timeouts and rate limits will fail the same way again: bad key, bad request.
             retryable = e.status_code >= 500 or e.status_code in (408, 409, 429)
             raise ApplicationError(str(e), type="ModelHTTPError", non_retryable=not retryable) from e
+        finally:
+            beating.cancel()
 
     @activity.defn(dynamic=True)
     async def run_tool(self, args: Sequence[RawValue]) -> Any:
@@ -163,3 +167,14 @@ class CodeModeActivities:
                 "less per call (a page, a filter, a summary).",
                 type="RuntimeError", non_retryable=True,
             )
+
+
+MODEL_HEARTBEAT_SECONDS = 1.0
+"""How often a model request heartbeats (the SDK sends at most one per 80% of the heartbeat timeout). Without it,
+a request lost with a killed worker held its run for the whole 5-minute start-to-close timeout."""
+
+
+async def _heartbeat_forever() -> None:
+    while True:
+        activity.heartbeat()
+        await asyncio.sleep(MODEL_HEARTBEAT_SECONDS)

@@ -78,6 +78,9 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["CodeModeRunWorkflow"]
 
 _MODEL_TIMEOUT = timedelta(minutes=5)
+#: A model request heartbeats while it waits (`_activities.MODEL_HEARTBEAT_SECONDS`), so one lost with its worker
+#: (killed, OOM) is retried elsewhere after this, not after the 5-minute start-to-close timeout.
+_MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
@@ -233,6 +236,7 @@ class CodeModeRunWorkflow:
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
+                heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
                 retry_policy=_MODEL_RETRY,
                 summary=f"model turn {index}",
             ), turn=index, model=input.model)
