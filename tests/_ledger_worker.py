@@ -34,7 +34,15 @@ from temporalio import activity
 from temporalio.common import RetryPolicy
 
 from activities._store import IdempotentTools, SqliteStore
-from durable_codemode import CodeModeAgent, PoolSettings, ToolOptions, connect, create_worker, current_call
+from durable_codemode import (
+    CodeModeAgent,
+    CodeModeUserError,
+    PoolSettings,
+    ToolOptions,
+    connect,
+    create_worker,
+    current_call,
+)
 from durable_codemode.testing import RunCode, Step, last_result, scripted_model
 
 AGENT = "ledger"
@@ -298,7 +306,15 @@ async def serve(args: argparse.Namespace) -> None:
     """Serve the ledger agent until SIGTERM (or a kill)."""
     ledger = Ledger(args.ledger)
     ledger.create_schema()
-    client = await connect(args.address)
+    deadline = time.monotonic() + 60
+    while True:  # a spare may start while the server restarts: wait for it, as a supervised worker would
+        try:
+            client = await connect(args.address)
+            break
+        except CodeModeUserError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
     worker = create_worker(
         client, [ledger_agent(ledger, tool_timeout=args.tool_timeout)], task_queue=args.task_queue,
         pool=PoolSettings(max_processes=args.max_processes),

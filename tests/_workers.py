@@ -72,7 +72,7 @@ class WorkerProcess:
         return [p for p in group_members(self.pid) if p != self.pid]
 
     def kill(self) -> None:
-        """SIGKILL the whole group at once (worker and sandboxes), as a crash of the machine's process would."""
+        """SIGKILL the whole group at once (worker and sandboxes), as a crash would; return once all are gone."""
         if self.killed_at is None:
             self.killed_at = time.time()
         with suppress(ProcessLookupError):  # already gone
@@ -80,6 +80,10 @@ class WorkerProcess:
         self.proc.wait()
         if self.proc.stdin is not None:
             self.proc.stdin.close()
+        # The signal reaches every member at once, but each dies in its own time: wait until none is left.
+        deadline = time.monotonic() + 10
+        while group_members(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def tail(self, lines: int = 30) -> str:
         """The end of its log, for failure messages."""
