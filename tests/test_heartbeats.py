@@ -32,7 +32,7 @@ async def test_a_call_longer_than_its_heartbeat_timeout_completes_on_its_first_a
                  for e in (await handle.fetch_history()).events
                  if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
     assert scheduled[f"{handle.id.rsplit('-', 1)[0]}.slow"] == timedelta(seconds=2)
-    assert scheduled["durable-codemode.model_request"] == timedelta(seconds=30)
+    assert scheduled["durable-codemode.model_request"] == timedelta(seconds=10)
 
 
 async def test_local_tools_schedule_no_heartbeat(client: Client) -> None:

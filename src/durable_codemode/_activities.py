@@ -109,7 +109,7 @@ class CodeModeActivities:
 
     @activity.defn(name=MODEL_REQUEST_ACTIVITY)
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
-        """One request to the agent's model (or the run's override)."""
+        """One request to the agent's model (or the run's override), heartbeating while it waits."""
         try:
             return await heartbeating(self.agent(input.agent).request(input.model, input.messages, input.tools))
         except (CodeModeUserError, UserError) as e:
@@ -165,3 +165,4 @@ class CodeModeActivities:
                 "less per call (a page, a filter, a summary).",
                 type="RuntimeError", non_retryable=True,
             )
+

@@ -28,6 +28,7 @@ from ._telemetry import client_interceptors, has_tracing_interceptor, worker_int
 from ._workflow import CodeModeRunWorkflow
 
 __all__ = [
+    "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",
     "DEFAULT_TASK_QUEUE",
     "CodeModePlugin",
     "connect",
@@ -37,6 +38,15 @@ __all__ = [
 
 DEFAULT_TASK_QUEUE = "durable-codemode"
 """The task queue runs go to unless told otherwise (also the bundled worker's)."""
+
+DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS = 4
+"""Workflow tasks a worker runs at once, unless `max_concurrent_workflow_tasks` (or a `tuner`) is given.
+
+Workflow activations are Python under one GIL, and each must yield within Temporal's 2 s deadlock limit
+(TMPRL1101). Temporal's default (100 at once, on 500 threads) splits the CPU between all of them: a fresh worker
+that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
+passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
+With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -96,7 +106,9 @@ def create_worker(
             README's Observability section). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
             tracer provider of `temporalio.contrib.opentelemetry.create_tracer_provider()` set globally.
-        worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`).
+        worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`). Defaults set here:
+            `sticky_queue_schedule_to_start_timeout` 3 s (a killed worker's runs move on after that, not 10 s)
+            and `max_concurrent_workflow_tasks` `DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS` (4).
 
     Raises:
         CodeModeUserError: no agents, or two with one name; tracing without the SDK or a replay-safe provider.
@@ -116,6 +128,8 @@ def create_worker(
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
+    if worker_options.get("tuner") is None:  # Temporal refuses both a tuner and slot counts
+        worker_options.setdefault("max_concurrent_workflow_tasks", DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS)
     worker_options.setdefault("workflow_runner", workflow_runner())
 
     @asynccontextmanager

@@ -78,8 +78,9 @@ with workflow.unsafe.imports_passed_through():
 __all__ = ["CodeModeRunWorkflow"]
 
 _MODEL_TIMEOUT = timedelta(minutes=5)
-_MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=30)
-"""A model request whose worker died is retried elsewhere after this, not after `_MODEL_TIMEOUT` (`_heartbeat`)."""
+_MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+"""A model request whose worker died (killed, OOM) is retried elsewhere after this, not after `_MODEL_TIMEOUT`:
+the worker heartbeats while the request waits (`_heartbeat`)."""
 _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30),
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
