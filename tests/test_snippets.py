@@ -266,16 +266,30 @@ async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: 
     from durable_codemode._worker import workflow_runner
     from durable_codemode.testing import fetch_chain_histories, scripted_model
 
+    # The program waits for `crash()` without a sandbox process (it is a dump meanwhile), so the tool kills the
+    # process the program is loaded into next, while it computes.
     agent = Agent(scripted_model(
-        RunCode("x = 1\nawait crash()\n'unreachable'"),
+        RunCode("x = 1\nawait crash()\nfor i in range(1_000_000):\n    x = x + i\n'unreachable'"),
         lambda m: RunCode(f"seen = {last_result(m)['error']!r}\n[seen, 2 + 2]"),
         echo,
     ), name="crashy")
 
     @agent.tool_plain
     def crash() -> int:
-        """Kill the sandbox process running the program."""
-        return _kill_sandbox_processes()
+        """Kill the sandbox process running the program, once the program runs again."""
+        import threading
+        import time
+
+        from durable_codemode._pool import live_sessions
+
+        def kill_when_held() -> None:
+            deadline = time.monotonic() + 10
+            while live_sessions() == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            _kill_sandbox_processes()
+
+        threading.Thread(target=kill_when_held, daemon=True).start()
+        return 0
 
     tq = new_task_queue()
     async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
