@@ -370,14 +370,14 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
     n = args.paused
     settings: dict[str, Any] = {
         "max_cached_workflows": args.cache,
-        "max_concurrent_workflow_tasks": 100,
+        "max_concurrent_workflow_tasks": pool.max_processes,
         "max_concurrent_activities": 100,
         "pool_max_processes": pool.max_processes,
         "pool_checkout_timeout_s": pool.checkout_timeout,
     }
     agent = make_agent(MEMORY_AGENT, MEMORY_CODE)
     worker = create_worker(client, [agent], task_queue=MEMORY_QUEUE, pool=pool,
-                           max_cached_workflows=args.cache, max_concurrent_workflow_tasks=100,
+                           max_cached_workflows=args.cache, max_concurrent_workflow_tasks=pool.max_processes,
                            max_concurrent_activities=100)
 
     async def start(i: int) -> WorkflowHandle[Any, Any]:
@@ -554,9 +554,12 @@ async def run(args: argparse.Namespace) -> int:
         # Memory first, in a process that has done little yet, so the RSS is close to a fresh worker's.
         mem = await memory_phase(client, args, pool, warnings, log)
         agents = [make_agent(AGENT_NAMES[s], CODES[s]) for s in ("1 MB", "tiny")]
+        # Two code-mode workers share the process's pool: half its processes' worth of workflow task slots each.
+        slots = max(2, pool.max_processes // 2)
         workers = [
-            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool),
-            create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0),
+            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool, max_concurrent_workflow_tasks=slots),
+            create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0,
+                          max_concurrent_workflow_tasks=slots),
             Worker(client, task_queue=FLOOR_CACHED_QUEUE, workflows=[ApprovalsFloorWorkflow],
                    activities=APPROVALS_FLOOR_ACTIVITIES),
             Worker(client, task_queue=FLOOR_EVICTED_QUEUE, workflows=[ApprovalsFloorWorkflow],
