@@ -600,7 +600,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cache", type=int, default=SDK_DEFAULT_CACHE,
                         help="max_cached_workflows of the memory-phase worker (default: the SDK's, 1000)")
     parser.add_argument("--pool", type=int, default=PoolSettings().max_processes,
-                        help="PoolSettings.max_processes of the process's Monty pool (default: the default, 4)")
+                        help="PoolSettings.max_processes of the process's Monty pool (default: PoolSettings's, 4 "
+                        "per usable CPU)")
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds to wait after a run is seen paused before deciding (default 0.2)")
     parser.add_argument("--timeout", type=float, default=600.0,
