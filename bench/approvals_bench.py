@@ -370,14 +370,14 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
     n = args.paused
     settings: dict[str, Any] = {
         "max_cached_workflows": args.cache,
-        "max_concurrent_workflow_tasks": 100,
+        "max_concurrent_workflow_tasks": pool.max_processes,
         "max_concurrent_activities": 100,
         "pool_max_processes": pool.max_processes,
         "pool_checkout_timeout_s": pool.checkout_timeout,
     }
     agent = make_agent(MEMORY_AGENT, MEMORY_CODE)
     worker = create_worker(client, [agent], task_queue=MEMORY_QUEUE, pool=pool,
-                           max_cached_workflows=args.cache, max_concurrent_workflow_tasks=100,
+                           max_cached_workflows=args.cache, max_concurrent_workflow_tasks=pool.max_processes,
                            max_concurrent_activities=100)
 
     async def start(i: int) -> WorkflowHandle[Any, Any]:
@@ -554,9 +554,12 @@ async def run(args: argparse.Namespace) -> int:
         # Memory first, in a process that has done little yet, so the RSS is close to a fresh worker's.
         mem = await memory_phase(client, args, pool, warnings, log)
         agents = [make_agent(AGENT_NAMES[s], CODES[s]) for s in ("1 MB", "tiny")]
+        # Two code-mode workers share the process's pool: half its processes' worth of workflow task slots each.
+        slots = max(2, pool.max_processes // 2)
         workers = [
-            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool),
-            create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0),
+            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool, max_concurrent_workflow_tasks=slots),
+            create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0,
+                          max_concurrent_workflow_tasks=slots),
             Worker(client, task_queue=FLOOR_CACHED_QUEUE, workflows=[ApprovalsFloorWorkflow],
                    activities=APPROVALS_FLOOR_ACTIVITIES),
             Worker(client, task_queue=FLOOR_EVICTED_QUEUE, workflows=[ApprovalsFloorWorkflow],
@@ -597,7 +600,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cache", type=int, default=SDK_DEFAULT_CACHE,
                         help="max_cached_workflows of the memory-phase worker (default: the SDK's, 1000)")
     parser.add_argument("--pool", type=int, default=PoolSettings().max_processes,
-                        help="PoolSettings.max_processes of the process's Monty pool (default: the default, 4)")
+                        help="PoolSettings.max_processes of the process's Monty pool (default: PoolSettings's, 4 "
+                        "per usable CPU)")
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds to wait after a run is seen paused before deciding (default 0.2)")
     parser.add_argument("--timeout", type=float, default=600.0,

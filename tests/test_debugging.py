@@ -327,14 +327,15 @@ async def test_a_crashed_sandbox_is_an_expected_divergence(client: Client) -> No
     from durable_codemode import CodeModeAgent
     from durable_codemode.testing import scripted_model
 
-    from .test_snippets import _kill_sandbox_processes
+    from .test_snippets import CRASH_THEN_COMPUTE, _kill_sandbox_processes_when_the_program_runs
 
-    agent = Agent(scripted_model(RunCode("await crash()"), RunCode("1 + 1"), "done"), name="dbg-crashy")
+    agent = Agent(scripted_model(RunCode("x = 0\n" + CRASH_THEN_COMPUTE), RunCode("1 + 1"), "done"),
+                  name="dbg-crashy")
 
     @agent.tool_plain
     def crash() -> int:
-        """Kill the sandbox process running the program."""
-        return _kill_sandbox_processes()
+        """Kill the sandbox process running the program, once the program runs again."""
+        return _kill_sandbox_processes_when_the_program_runs()
 
     tq = new_task_queue()
     async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):

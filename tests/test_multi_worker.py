@@ -19,7 +19,15 @@ from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_codemode import CodeModeRunWorkflow, RunResult, create_worker, start_run
+from durable_codemode import (
+    CodeModeRunWorkflow,
+    CodeModeUserError,
+    PoolSettings,
+    RunResult,
+    _pool,
+    create_worker,
+    start_run,
+)
 from durable_codemode._worker import DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS
 from durable_codemode.debugging import register_agents
 from durable_codemode.testing import new_task_queue, replay
@@ -113,9 +121,13 @@ async def test_workers_run_few_workflow_tasks_at_once(env: WorkflowEnvironment, 
     """
     agents = [ledger_agent(Ledger(tmp_path / "ledger.sqlite"))]
     worker = create_worker(env.client, agents, task_queue=new_task_queue())
-    assert worker.config()["max_concurrent_workflow_tasks"] == DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS == 4
-    mine = create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=50)
-    assert mine.config()["max_concurrent_workflow_tasks"] == 50
+    pool = _pool.configure_pool(PoolSettings()).max_processes  # what create_worker just used: the running pool
+    assert worker.config()["max_concurrent_workflow_tasks"] == min(DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS, pool)
+    assert DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS == 4
+    mine = create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=2)
+    assert mine.config()["max_concurrent_workflow_tasks"] == 2
+    with pytest.raises(CodeModeUserError, match=r"more than the \d+ processes of this process.s Monty pool"):
+        create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=pool + 1)
 
 
 @pytest.mark.timeout(120)

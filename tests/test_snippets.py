@@ -256,6 +256,31 @@ def _kill_sandbox_processes() -> int:
     return killed
 
 
+CRASH_THEN_COMPUTE = "await crash()\nfor i in range(1_000_000):\n    x = x + i\n'unreachable'"
+"""A program that computes after `crash()`, while `_kill_sandbox_processes_when_the_program_runs` strikes."""
+
+
+def _kill_sandbox_processes_when_the_program_runs() -> int:
+    """From a thread: kill this process's sandbox processes as soon as a session is checked out again.
+
+    A program waiting on a tool holds no sandbox process (it is a dump meanwhile), so a tool cannot kill the one
+    running it; this kills the one the program is loaded into next, while it computes (`CRASH_THEN_COMPUTE`).
+    """
+    import threading
+    import time
+
+    from durable_codemode._pool import live_sessions
+
+    def kill_when_held() -> None:
+        deadline = time.monotonic() + 10
+        while live_sessions() == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        _kill_sandbox_processes()
+
+    threading.Thread(target=kill_when_held, daemon=True).start()
+    return 0
+
+
 async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: Client) -> None:
     from pydantic_ai import Agent
     from temporalio.worker import Replayer
@@ -267,15 +292,15 @@ async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: 
     from durable_codemode.testing import fetch_chain_histories, scripted_model
 
     agent = Agent(scripted_model(
-        RunCode("x = 1\nawait crash()\n'unreachable'"),
+        RunCode("x = 1\n" + CRASH_THEN_COMPUTE),
         lambda m: RunCode(f"seen = {last_result(m)['error']!r}\n[seen, 2 + 2]"),
         echo,
     ), name="crashy")
 
     @agent.tool_plain
     def crash() -> int:
-        """Kill the sandbox process running the program."""
-        return _kill_sandbox_processes()
+        """Kill the sandbox process running the program, once the program runs again."""
+        return _kill_sandbox_processes_when_the_program_runs()
 
     tq = new_task_queue()
     async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):

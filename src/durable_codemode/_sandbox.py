@@ -11,6 +11,13 @@ This module runs inside workflow code, so it must be deterministic given the his
 
 The one non-deterministic outcome is a compute limit (wall time) or a crashed sandbox: the caller ends the
 workflow run by continue-as-new in the same workflow task, so an open run never replays one.
+
+A run holds a sandbox process only while its program computes, within one activation: whenever the program
+waits on Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back
+to the pool, and the next activation loads it into whichever process is free. So the pool bounds the workflow
+tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process across
+the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until one
+was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
 """
 
 from __future__ import annotations
@@ -81,7 +88,7 @@ _IMPORTS_MESSAGE = (
 
 
 class SandboxUnavailableError(RuntimeError):
-    """No sandbox process was free in time.
+    """No sandbox process was free in time (a worker breaking the rule of `PoolSettings`, under load).
 
     Raised in workflow code, it fails the workflow task (not the workflow), so Temporal retries the task once a
     process is free.
@@ -171,7 +178,13 @@ class Repl:
         """A snippet ran unchecked, so the type checker no longer knows every name (see `_real_type_errors`)."""
         self._task_queue = workflow.info().task_queue
 
-    def _checkout(self) -> pydantic_monty.MontySession:
+    def _checkout(self, *, seed: int | None = None) -> pydantic_monty.MontySession:
+        """A fresh session from the pool; `seed` seeds its `random` (default: drawn from `workflow.random()`).
+
+        A session that only loads a suspended program gets a fixed seed: the dump brings its own `random` state,
+        and drawing would change the `workflow.random()` stream (and so `os.urandom`) of runs recorded before
+        programs were released while they wait.
+        """
         limits = self._spec.limits
         session = _pool.get_pool().checkout(
             script_name="snippet.py",
@@ -187,7 +200,7 @@ class Repl:
             os_policy={
                 "datetime": "call_host",
                 "sleep": "call_host",
-                "random_start": {"seed": workflow.random().getrandbits(63)},
+                "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
             },
             type_check=True,
             type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs,
@@ -197,8 +210,9 @@ class Repl:
             session.__enter__()
         except TimeoutError as e:
             raise SandboxUnavailableError(
-                "no Monty sandbox process was free in time; the workflow task will be retried. Raise "
-                "PoolSettings.max_processes if this keeps happening."
+                "no Monty sandbox process was free in time; the workflow task will be retried. The process's "
+                "code-mode workers have more workflow task slots than its pool has processes: give them fewer "
+                "max_concurrent_workflow_tasks, or the pool more PoolSettings.max_processes."
             ) from e
         _pool.note_checkout(+1)
         _open_repls.setdefault(self._task_queue, set()).add(self)
@@ -219,15 +233,19 @@ class Repl:
         """Whether this REPL holds a sandbox process right now."""
         return self._session is not None
 
-    def park(self, snapshot: FutureSnapshot) -> bytes:
-        """Dump a suspended program and give its sandbox process back to the pool (while people decide)."""
+    def park(self, snapshot: FutureSnapshot | FunctionSnapshot) -> bytes:
+        """Dump a suspended program and give its sandbox process back to the pool while it waits."""
         state = snapshot.dump()
         self.close()
         return state
 
-    def unpark(self, state: bytes, streams: CollectStreams) -> Any:
-        """Load a parked program into a fresh sandbox process; returns its re-announced snapshot."""
-        self._session = self._checkout()
+    def unpark(self, state: bytes, streams: CollectStreams, *, draw_seed: bool = False) -> Any:
+        """Load a parked program into a fresh sandbox process; returns its re-announced snapshot.
+
+        `draw_seed`: draw the new session's seed from `workflow.random()` anyway, as programs parked for a person
+        always did (the draw is part of how their runs replay).
+        """
+        self._session = self._checkout(seed=None if draw_seed else 0)
         return self._session.load_snapshot(state, print_callback=streams)
 
     def close(self) -> None:
@@ -461,8 +479,10 @@ class _SnippetDriver:
             if name == "asyncio.sleep":
                 self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
                 return snap.resume({"future": ...})
-            await self._sleep(seconds)
-            if seconds > 0:
+            if seconds > 0:  # a durable timer: the program waits without its process
+                state = self._repl.park(snap)
+                await self._sleep(seconds)
+                snap = self._repl.unpark(state, self._streams)
                 self._answers = 0
             return snap.resume({"return_value": None})
         if name == "os.getenv":
@@ -490,12 +510,12 @@ class _SnippetDriver:
         ids = sorted(snap.pending_call_ids)
         futures = [self._pending[i] for i in ids]
         if not any(f.done() for f in futures):
-            parked = self._waiting_on_people(ids)
-            state = self._repl.park(snap) if parked else None
+            # The program waits on Temporal: release its process for the wait (see the module docstring).
+            for_people = self._waiting_on_people(ids)
+            state = self._repl.park(snap)
             await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
             self._answers = 0
-            if state is not None:
-                snap = self._repl.unpark(state, self._streams)
+            snap = self._repl.unpark(state, self._streams, draw_seed=for_people)
         answers: dict[int, Any] = {}
         for i in ids:  # ascending: see the module docstring
             future = self._pending[i]
@@ -510,8 +530,8 @@ class _SnippetDriver:
         return snap.resume(answers)
 
     def _waiting_on_people(self, ids: list[int]) -> bool:
-        # Only a program whose every pending call waits for a human is parked: waits of minutes to weeks, where a
-        # held sandbox process would be wasted. Calls in flight and timers keep the process.
+        # Whether every pending call waits for a human. Such programs were the only ones parked before every
+        # wait released the process, and their unpark drew a seed; it still does, so their runs replay.
         return all(i in self._started and self._repl.awaiting_person(self._started[i].call_id) for i in ids)
 
     def _cancel_pending(self) -> None:

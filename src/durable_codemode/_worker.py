@@ -7,11 +7,13 @@ people who build their own `Client`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+from temporalio import workflow
 from temporalio.client import Client
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
@@ -20,12 +22,19 @@ from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent, serve
 from ._carry import repl_key_from_env
 from ._connect import connect
-from ._converter import DATA_CONVERTER, is_compatible
+from ._converter import DATA_CONVERTER, is_compatible, warm_up
 from ._errors import CodeModeUserError
-from ._pool import PoolSettings, configure_pool
+from ._pool import PoolSettings, configure_pool, reserve_task_slots
 from ._sandbox import close_repls
 from ._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ._workflow import CodeModeRunWorkflow
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic_ai.messages import ModelResponse
+
+    from ._approvals import ApprovalDecision, BatchDecision
+    from ._carry import SealRequest, SealResult
+    from ._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",
@@ -35,6 +44,8 @@ __all__ = [
     "create_worker",
     "workflow_runner",
 ]
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TASK_QUEUE = "durable-codemode"
 """The task queue runs go to unless told otherwise (also the bundled worker's)."""
@@ -47,6 +58,33 @@ Workflow activations are Python under one GIL, and each must yield within Tempor
 that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
 passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
 With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
+
+_PAYLOAD_TYPES = (RunInput, RunResult, AgentSpec, ModelResponse, ToolCallInput, ModelRequestInput, SealRequest,
+                  SealResult, ApprovalDecision, BatchDecision)
+"""The types a worker's workflows and activities decode, warmed before it polls (`_converter.warm_up`)."""
+
+
+def _workflow_task_slots(worker_options: dict[str, Any], pool: PoolSettings) -> int:
+    """The worker's workflow task slots: `max_concurrent_workflow_tasks`, by default 4, or the pool's size if smaller.
+
+    One slot per sandbox process is the rule of `PoolSettings`; a worker given more is refused, since under load
+    its workflow tasks would fail waiting for a process. A custom `tuner` is taken as given (its slot count is
+    not known here): keep its workflow slots at most `PoolSettings.max_processes`.
+    """
+    if "tuner" in worker_options:
+        return 0
+    slots = worker_options.setdefault("max_concurrent_workflow_tasks",
+                                      min(DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS, pool.max_processes))
+    if slots > pool.max_processes:
+        raise CodeModeUserError(
+            f"max_concurrent_workflow_tasks={slots} is more than the {pool.max_processes} processes of this "
+            "process's Monty pool (a pool already running keeps its size): a workflow task would then wait for a "
+            "sandbox process, blocking its thread, and fail under load. Pass "
+            f"pool=PoolSettings(max_processes={slots}), or max_concurrent_workflow_tasks={pool.max_processes} or "
+            "less (the default)"
+        )
+    return int(slots)
+
 
 
 def workflow_runner() -> WorkflowRunner:
@@ -98,7 +136,9 @@ def create_worker(
         client: from `connect()` (or a client built with `CodeModePlugin`).
         agents: the agents runs on `task_queue` may name.
         task_queue: where runs for these agents are sent.
-        pool: Monty pool sizing for this process (first configuration wins once the pool is running).
+        pool: Monty pool sizing for this process (first configuration wins once the pool is running). The worker's
+            `max_concurrent_workflow_tasks` defaults to its `max_processes`, and may not exceed it (`PoolSettings`
+            says why).
         repl_key: the key that seals a run's REPL when the run continues as new, so its variables survive; every
             worker of the task queue needs the same key. Default: `CODEMODE_REPL_KEY`; with neither, REPLs are
             not carried (the model is told the REPL restarted).
@@ -106,12 +146,15 @@ def create_worker(
             README's Observability section). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
             tracer provider of `temporalio.contrib.opentelemetry.create_tracer_provider()` set globally.
-        worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`). Defaults set here:
-            `sticky_queue_schedule_to_start_timeout` 3 s (a killed worker's runs move on after that, not 10 s)
-            and `max_concurrent_workflow_tasks` `DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS` (4).
+        worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`,
+            `max_concurrent_activities`). Defaults set here: `sticky_queue_schedule_to_start_timeout` 3 s (a
+            killed worker's runs move on after that, not 10 s) and `max_concurrent_workflow_tasks`
+            `DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS` (4) or the pool's size if smaller; more than the pool's size
+            is refused.
 
     Raises:
-        CodeModeUserError: no agents, or two with one name; tracing without the SDK or a replay-safe provider.
+        CodeModeUserError: no agents, or two with one name; more workflow task slots than sandbox processes;
+            tracing without the SDK or a replay-safe provider.
 
     """
     if not agents:
@@ -121,22 +164,31 @@ def create_worker(
             "the client does not use the pydantic data converter; create it with durable_codemode.connect() "
             "or Client.connect(..., plugins=[CodeModePlugin()])"
         )
-    configure_pool(pool or PoolSettings())
+    settings = configure_pool(pool or PoolSettings())
+    slots = _workflow_task_slots(worker_options, settings)
+    warm_up(client.data_converter, _PAYLOAD_TYPES)
     key = repl_key.encode() if isinstance(repl_key, str) else repl_key
     activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env(),
                                     payload_store=client.data_converter.external_storage is not None)
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
-    if worker_options.get("tuner") is None:  # Temporal refuses both a tuner and slot counts
-        worker_options.setdefault("max_concurrent_workflow_tasks", DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS)
     worker_options.setdefault("workflow_runner", workflow_runner())
 
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
+        in_process = reserve_task_slots(slots)
+        if in_process > settings.max_processes:
+            logger.warning(
+                "the code-mode workers of this process have %d workflow task slots and its Monty pool %d "
+                "processes: under load, workflow tasks may wait for a sandbox process and fail "
+                "(SandboxUnavailableError) until one is free. Give the workers fewer "
+                "max_concurrent_workflow_tasks or the pool more PoolSettings.max_processes.",
+                in_process, settings.max_processes)
         try:
             yield
         finally:
+            reserve_task_slots(-slots)
             close_repls(task_queue)
 
     if tracing is None:

@@ -1,0 +1,123 @@
+"""A worker whose Monty pool is smaller than its runs in flight queues them; none fails, all replay.
+
+A run holds a sandbox process only while its program computes inside one workflow task: while the program waits
+on tools or timers it is a dump in workflow memory (`_sandbox`), and a worker runs at most one workflow task per
+process (`PoolSettings`). Before, a program held its process across every wait, so runs past the pool's size
+failed their workflow tasks with `SandboxUnavailableError` (and waited seconds for Temporal's retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.worker import Replayer
+
+from durable_codemode import DATA_CONVERTER, CodeModeRunWorkflow, CodeModeUserError, PoolSettings, _pool, start_run
+from durable_codemode._worker import create_worker, workflow_runner
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from tests._agents import Effects, items_agent
+
+POOL = 2
+RUNS = 10
+
+# Sequential calls, a gather, a durable sleep, then more calls: the program waits on Temporal many times.
+CODE = """import asyncio, time, random
+total = 0
+for k in range(8):
+    total += await get(i=k)
+pair = await asyncio.gather(*(get(i=k) for k in range(4)))
+time.sleep(0.05)
+await asyncio.sleep(0.05)
+seen = await store(key=f'k{tag}', value=total + sum(pair))
+[total, sum(pair), seen[f'k{tag}'], 0 <= random.random() < 1]
+"""
+
+
+@pytest.fixture
+async def small_pool() -> AsyncIterator[int]:
+    assert _pool.live_sessions() == 0
+    _pool.shutdown_pool()
+    _pool.configure_pool(PoolSettings(max_processes=POOL))
+    yield POOL
+    _pool.shutdown_pool()
+    _pool.configure_pool(PoolSettings())
+
+
+class PeakSessions:
+    """The most sandbox sessions checked out at once, sampled every few milliseconds."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, _pool.live_sessions())
+            await asyncio.sleep(0.002)
+
+    async def __aenter__(self) -> PeakSessions:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def failed_tasks(handle: WorkflowHandle[Any, Any]) -> list[str]:
+    history = await handle.fetch_history()
+    return [e.workflow_task_failed_event_attributes.failure.message for e in history.events
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+
+
+@pytest.mark.timeout(240)
+async def test_more_runs_than_sandbox_processes_queue_and_all_complete(client: Client, small_pool: int) -> None:
+    effects = Effects()
+    agents = [items_agent(f"queued{i}", RunCode(f"tag = {i}\n" + CODE), lambda m: repr(last_result(m)["result"]),
+                          effects=effects) for i in range(RUNS)]
+    tq = new_task_queue()
+    async with running_worker(client, agents, task_queue=tq, pool=PoolSettings(max_processes=small_pool)) as worker:
+        assert worker.config()["max_concurrent_workflow_tasks"] == small_pool  # the rule, set by create_worker
+        async with PeakSessions() as sessions:
+            handles = await asyncio.gather(*(start_run(client, f"queued{i}", "go", task_queue=tq)
+                                             for i in range(RUNS)))
+            results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
+    total, pair = sum(range(8)) * 10, sum(range(4)) * 10
+    assert [eval(r.output) for r in results] == [[total, pair, total + pair, True]] * RUNS
+    assert all(len(r.nested_calls) == 13 for r in results)
+    assert effects.duplicates == 0
+    assert sessions.peak <= small_pool
+    assert _pool.live_sessions() == 0
+    for handle in handles:
+        assert await failed_tasks(handle) == []  # no SandboxUnavailableError, no deadlock
+        await replay(handle)
+
+
+async def test_a_worker_may_not_have_more_workflow_task_slots_than_sandbox_processes(client: Client) -> None:
+    agent = items_agent("slots", "done")
+    with pytest.raises(CodeModeUserError, match="max_concurrent_workflow_tasks=9 is more than the 4 processes"):
+        create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=9)
+    worker = create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=3)
+    assert worker.config()["max_concurrent_workflow_tasks"] == 3
+    with pytest.raises(CodeModeUserError, match="at least 2"):
+        PoolSettings(max_processes=1)
+
+
+async def test_a_run_recorded_while_programs_held_their_process_replays() -> None:
+    # Recorded before programs released their process while waiting: random draws, set order, hashes, sequential
+    # calls, a gather, time.sleep, asyncio.sleep, os.urandom, and a second snippet using the first one's names.
+    # The dump/load of every wait must change nothing a program sees (Monty keeps its random state, ids and
+    # pending futures), and must draw nothing from workflow.random().
+    text = (Path(__file__).parent / "histories" / "before_parking.json").read_text()
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
+                        workflow_runner=workflow_runner())
+    await replayer.replay_workflow(WorkflowHistory.from_json("before-parking", text))
