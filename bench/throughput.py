@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` must be importable
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
@@ -117,6 +117,11 @@ async def task_trouble(handle: WorkflowHandle[Any, Any]) -> tuple[int, int]:
     """Workflow tasks of the run that failed, and that timed out (a sticky queue's schedule-to-start included)."""
     history = await handle.fetch_history()
     kinds = [e.event_type for e in history.events]
+    for e in history.events:  # say why, on stderr: a count alone cannot be acted on
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            a = e.workflow_task_failed_event_attributes
+            print(f"{handle.id}: workflow task failed ({WorkflowTaskFailedCause.Name(a.cause)}): "
+                  f"{a.failure.message[:200]}", file=sys.stderr, flush=True)
     return (kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED),
             kinds.count(EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT))
 
@@ -221,7 +226,7 @@ async def run(args: argparse.Namespace) -> int:
     pool = PoolSettings(max_processes=args.pool)
     settings: dict[str, Any] = {
         "pool_max_processes": pool.max_processes, "pool_checkout_timeout_s": pool.checkout_timeout,
-        "max_concurrent_workflow_tasks": args.pool, "max_cached_workflows": args.cache,
+        "max_cached_workflows": args.cache,
         "max_concurrent_activities": args.activities, "floor_max_concurrent_workflow_tasks": "SDK default (100)",
     }
     env = await start_server(args.verbose)
@@ -230,6 +235,8 @@ async def run(args: argparse.Namespace) -> int:
         client = env.client
         cm_worker = create_worker(client, [make_agent(m, args.calls) for m in modes], task_queue=CM_QUEUE, pool=pool,
                                   max_cached_workflows=args.cache, max_concurrent_activities=args.activities)
+        slots = cm_worker.config()["max_concurrent_workflow_tasks"]  # create_worker's default for this pool
+        settings["max_concurrent_workflow_tasks"] = slots
         floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorWorkflow], activities=FLOOR_ACTIVITIES,
                               max_cached_workflows=args.cache, max_concurrent_activities=args.activities)
         async with cm_worker, floor_worker:
@@ -253,7 +260,8 @@ async def run(args: argparse.Namespace) -> int:
     loads = [b.load_avg[0] for b in batches]
     print(f"medians of {args.reps} repetition(s); cm/floor = median of per-repetition nested calls/s ratios; "
           f"{args.runs} runs started at once per side (the other side idle); worker: Monty pool {pool.max_processes} "
-          f"processes = max_concurrent_workflow_tasks, max_cached_workflows={args.cache}, max_concurrent_activities="
+          f"processes, max_concurrent_workflow_tasks={settings['max_concurrent_workflow_tasks']}, "
+          f"max_cached_workflows={args.cache}, max_concurrent_activities="
           f"{args.activities} (both sides); RSS = peaks of this process and of its monty children (sampled every "
           f"0.25 s); load average (1 min) {min(loads):.1f}-{max(loads):.1f} at batch ends on "
           f"{os.cpu_count()} CPUs; {REPLAYED} code-mode runs per batch replayed cleanly", flush=True)
@@ -274,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--mode", nargs="+", choices=["sequential", "gather"], default=["sequential", "gather"],
                         help="how a program makes its calls: one after another, or one asyncio.gather (default both)")
     parser.add_argument("--pool", type=int, default=PoolSettings().max_processes,
-                        help="PoolSettings.max_processes, also the worker's max_concurrent_workflow_tasks "
+                        help="PoolSettings.max_processes; the worker's max_concurrent_workflow_tasks is "
+                        "create_worker's default for it (4, or the pool if smaller) "
                         f"(default {PoolSettings().max_processes}: PoolSettings' default, 4 per usable CPU)")
     parser.add_argument("--cache", type=int, default=1000, help="max_cached_workflows of both workers (default "
                         "1000, the SDK's)")
