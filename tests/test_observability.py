@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -132,6 +133,21 @@ r = await refund(order='A', cents=5)
 """
 
 
+async def _task_trouble(handle: Any) -> list[str]:
+    """The run's failed and timed-out workflow tasks, to explain a duplicate (see the README's Observability)."""
+    from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
+
+    out = []
+    for e in (await handle.fetch_history()).events:
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+            a = e.workflow_task_failed_event_attributes
+            out.append(f"task failed at event {e.event_id} ({WorkflowTaskFailedCause.Name(a.cause)}: "
+                       f"{a.failure.message[:120]})")
+        elif e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            out.append(f"task timed out at event {e.event_id}")
+    return out
+
+
 async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survives_replay(
     client: Client, exporter: InMemorySpanExporter
 ) -> None:
@@ -157,7 +173,9 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     trace_id = client_span.get_span_context().trace_id
     spans = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id]
     by_id = {s.context.span_id: s for s in spans if s.context}
-    assert len(by_id) == len(spans), "a span was exported twice"
+    counts = Counter(s.context.span_id for s in spans if s.context)
+    twice = sorted(s.name for s in by_id.values() if s.context and counts[s.context.span_id] > 1)
+    assert len(by_id) == len(spans), f"a span was exported twice: {twice}; {await _task_trouble(handle)}"
     keys = [(s.name, _attrs(s).get("codemode.call_id"), _attrs(s).get("temporalActivityID"),
              _attrs(s).get("codemode.attempt")) for s in spans]
     assert len(set(keys)) == len(keys), f"duplicate spans: {sorted(keys)}"

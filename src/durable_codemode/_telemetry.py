@@ -38,6 +38,8 @@ OpenTelemetry API; the user brings the SDK and the exporter.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Coroutine, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import Token
@@ -119,11 +121,34 @@ def _current(span: Span) -> Iterator[None]:
         _detach(token)
 
 
+_ENDED: OrderedDict[tuple[int, int], None] = OrderedDict()
+"""(trace id, span id) of the workflow-side spans this process has ended, newest last, at most `_ENDED_MAX`.
+
+Span ids are seeded by the workflow, so a span's every re-creation has its id. The replay-safe provider drops an
+`end()` made while history replays, but a legacy query that reaches a run with no cached state while a workflow
+task is outstanding replays that task's new events as live, answers the query without completing the task, and
+the task then runs live again: its spans ended twice (seen in `tests/test_observability.py` under load). Ending a
+span only once per process closes that; a duplicate across two workers would need both to see it end live."""
+
+_ENDED_MAX = 100_000
+_ended_lock = threading.Lock()
+
+
 def _end(span: Span) -> None:
     # Outside workflow code (a coroutine finalised by the garbage collector) the replay-safe span cannot tell a
     # replay from a live run, so nothing ends there.
-    if workflow.in_workflow():
-        span.end()
+    if not workflow.in_workflow():
+        return
+    context = span.get_span_context()
+    key = (context.trace_id, context.span_id)
+    with _ended_lock:
+        if key in _ENDED:
+            return
+        if not workflow.unsafe.is_replaying_history_events():  # a replayed end is dropped: it may still end live
+            _ENDED[key] = None
+            if len(_ENDED) > _ENDED_MAX:
+                _ENDED.popitem(last=False)
+    span.end()
 
 
 def _close(span: Span, error: BaseException) -> None:
