@@ -125,10 +125,10 @@ _ENDED: OrderedDict[tuple[int, int], None] = OrderedDict()
 """(trace id, span id) of the workflow-side spans this process has ended, newest last, at most `_ENDED_MAX`.
 
 Span ids are seeded by the workflow, so a span's every re-creation has its id. The replay-safe provider drops an
-`end()` made while history replays, but a legacy query that reaches a run with no cached state while a workflow
-task is outstanding replays that task's new events as live, answers the query without completing the task, and
-the task then runs live again: its spans ended twice (seen in `tests/test_observability.py` under load). Ending a
-span only once per process closes that; a duplicate across two workers would need both to see it end live."""
+`end()` made while history replays, yet under load a span was exported twice with no workflow task failing,
+while `tests/test_observability.py` queried an uncached run every 50 ms (most likely a query answered beside an
+outstanding workflow task, whose events then ran live again). Ending a span only once per process closes that; a
+duplicate across two workers would need both to see it end live."""
 
 _ENDED_MAX = 100_000
 _ended_lock = threading.Lock()
