@@ -131,7 +131,7 @@ outstanding workflow task, whose events then ran live again). Ending a span only
 duplicate across two workers would need both to see it end live."""
 
 _ENDED_MAX = 100_000
-_ended_lock = threading.Lock()
+_ended_lock = threading.Lock()  # determinism: ok (guards a process-wide set; decides no workflow step)
 
 
 def _end(span: Span) -> None:
