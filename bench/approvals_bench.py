@@ -60,7 +60,7 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._pool import live_sessions, shutdown_pool
-from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
 
 Side = Literal["codemode", "floor"]
 Cache = Literal["cached", "evicted"]
@@ -190,28 +190,6 @@ def pss_mb(pid: int) -> float:
     except OSError:
         pass
     return 0.0
-
-
-def children(needle: bytes) -> list[int]:
-    """Live child processes of this process whose command line contains `needle`."""
-    me = os.getpid()
-    found: list[int] = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-            ppid = int(stat.rsplit(b")", 1)[1].split()[1])
-            if ppid != me:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except (OSError, ValueError, IndexError):
-            continue
-        if needle in cmdline:
-            found.append(int(entry))
-    return found
 
 
 def snapshot_bytes(code: str) -> int:
@@ -413,11 +391,11 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
         t_paused = time.perf_counter() - t0
         log(f"memory: {n} runs paused in {t_paused:.1f} s")
         rss_paused, hwm = rss_mb(), rss_mb(key="VmHWM")
-        monty = children(b"monty")
+        monty = child_processes(b"monty")
         monty_rss = sum(rss_mb(p) for p in monty)
         monty_pss = sum(pss_mb(p) for p in monty)
         held = live_sessions()
-        dev_server_rss = sum(rss_mb(p) for p in children(b"temporal"))
+        dev_server_rss = sum(rss_mb(p) for p in child_processes(b"temporal"))
         warnings.phase = sampler.phase = "approving"
         t1 = time.perf_counter()
         await bounded(50, handles, approve)
@@ -533,15 +511,19 @@ async def start_server(verbose: bool) -> WorkflowEnvironment:
         os.close(sink)
 
 
+def quiet_sdk_core() -> None:
+    """Keep the SDK core's log to errors: it writes every failed workflow task to stderr, a page each."""
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
+        filter=TelemetryFilter(core_level="ERROR", other_level="ERROR")))), error_if_already_set=False)
+
+
 async def run(args: argparse.Namespace) -> int:
     def log(text: str) -> None:
         if args.verbose:
             print(text, file=sys.stderr, flush=True)
 
     if not args.verbose:
-        # The SDK core also logs every failed workflow task to stderr (a page each); they are counted below.
-        Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-            filter=TelemetryFilter(core_level="ERROR", other_level="ERROR")))), error_if_already_set=False)
+        quiet_sdk_core()  # the failed workflow tasks are counted below
     machine_text = machine()
     print(machine_text, flush=True)
     pool = PoolSettings(max_processes=args.pool)

@@ -31,15 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` mus
 
 from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle
-from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.worker import Worker
 
-from bench.approvals_bench import WarningCounter, children, rss_mb, start_server
+from bench.approvals_bench import WarningCounter, quiet_sdk_core, rss_mb, start_server
 from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
 from bench.run_bench import Kind, fmt_s, machine, make_agent, run_and_exit
 from durable_codemode import PoolSettings, create_worker, start_run
 from durable_codemode._pool import live_sessions, shutdown_pool
-from durable_codemode.testing import replay
+from durable_codemode.testing import child_processes, replay
 
 CM_QUEUE = "bench-throughput-codemode"
 FLOOR_QUEUE = "bench-throughput-floor"
@@ -95,7 +94,7 @@ class Sampler:
 
     async def _sample(self) -> None:
         while True:
-            monty = children(b"monty")
+            monty = child_processes(b"monty")
             self.rss = max(self.rss, rss_mb())
             self.monty_rss = max(self.monty_rss, sum(rss_mb(p) for p in monty))
             self.monty = max(self.monty, len(monty))
@@ -215,9 +214,7 @@ async def run(args: argparse.Namespace) -> int:
             print(text, file=sys.stderr, flush=True)
 
     if not args.verbose:
-        # The SDK core also logs every failed workflow task to stderr (a page each); the histories count them.
-        Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(
-            filter=TelemetryFilter(core_level="ERROR", other_level="ERROR")))), error_if_already_set=False)
+        quiet_sdk_core()  # the histories count the failed workflow tasks
     warnings = WarningCounter()
     logging.getLogger("temporalio").addHandler(warnings)
     machine_text = machine()

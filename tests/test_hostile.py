@@ -35,6 +35,7 @@ from durable_codemode import (
 )
 from durable_codemode.testing import (
     RunCode,
+    child_processes,
     fetch_chain_histories,
     new_task_queue,
     replay,
@@ -210,22 +211,6 @@ def corpus_table() -> str:
     return "\n".join(rows)
 
 
-def _sandbox_children() -> int:
-    """`monty` processes that are children of this process (the pool's, checked out or idle)."""
-    count = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"monty" in cmd:
-            count += 1
-    return count
-
-
 async def task_failures(handle: WorkflowHandle[Any, Any]) -> list[str]:
     return [e.workflow_task_failed_event_attributes.failure.message
             for h in await fetch_chain_histories(handle) for e in h.events
@@ -285,7 +270,7 @@ async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pyte
         results = await asyncio.gather(*hostile)
         after = await run(goods[2].name)
         good_runs = [first, await during, after]
-        assert _sandbox_children() <= roomy_pool  # nothing spawned past the pool, nothing left spinning
+        assert len(child_processes()) <= roomy_pool  # nothing spawned past the pool, nothing left spinning
 
     problems = []
     for entry, (result, handle) in zip(CORPUS, results, strict=True):

@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
 from durable_codemode import RunResult, SnippetLimits, start_run
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.testing import RunCode, child_processes, last_result, new_task_queue, replay, running_worker
 
 from ._agents import Effects, items_agent
 
@@ -238,22 +238,11 @@ async def test_calls_cut_short_by_an_exception_are_recorded_as_cancelled(client:
 def _kill_sandbox_processes() -> int:
     """SIGKILL this process's `monty` sandbox workers (what an OOM killer or a segfault would do)."""
     import signal
-    from pathlib import Path
 
-    killed = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == os.getpid() and b"monty" in cmd:
-            os.kill(int(proc.name), signal.SIGKILL)
-            killed += 1
-    return killed
+    pids = child_processes()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    return len(pids)
 
 
 CRASH_THEN_COMPUTE = "await crash()\nfor i in range(1_000_000):\n    x = x + i\n'unreachable'"

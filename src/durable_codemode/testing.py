@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -44,6 +45,7 @@ __all__ = [
     "CallTool",
     "RunCode",
     "Step",
+    "child_processes",
     "fetch_chain_histories",
     "last_result",
     "new_task_queue",
@@ -174,3 +176,29 @@ def tool_call_context(
     """Make `current_call()` work when a test calls a tool function directly."""
     with bind_call(ToolCallContext(workflow_id=workflow_id, call_id=call_id, tool=tool, attempt=attempt)) as ctx:
         yield ctx
+
+
+def child_processes(needle: bytes = b"monty") -> list[int]:
+    """Live child processes of this process whose command line contains `needle` (Linux: read from /proc).
+
+    The default finds this process's Monty sandbox processes, the pool's, checked out or idle: a test asserts none
+    leaked or spun past the pool, or kills them as a crash would.
+    """
+    me = os.getpid()
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after its last ")".
+            if int(stat.rsplit(b")", 1)[1].split()[1]) != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        if needle in cmdline:
+            found.append(int(entry))
+    return found
