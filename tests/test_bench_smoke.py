@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "run_bench.py"
+from ._bench import run_bench
 
 
 @pytest.mark.timeout(150)
 def test_bench_runs_and_prints_the_table() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(BENCH), "--n", "5", "--reps", "1"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    assert "scenario" in proc.stdout and "wall cm" in proc.stdout and "replay cm" in proc.stdout, proc.stdout
-    assert "gather-5" in proc.stdout and "sequential-5" in proc.stdout, proc.stdout
+    out = run_bench("run_bench.py", "--n", "5", "--reps", "1")
+    assert "scenario" in out and "wall cm" in out and "replay cm" in out, out
+    assert "gather-5" in out and "sequential-5" in out, out

@@ -7,23 +7,16 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from durable_codemode import start_run
-from durable_codemode.testing import new_task_queue, replay, running_worker
 from workflows.cart_inventory import CART_INVENTORY_TASK, StockCheckInstance
 from workflows.long import LONG_CART_TASK, CapAndBudgetInstance
 from workflows.tasks import Mode, Task
 
+from ._tasks import run_graded
+
 
 async def _run(client: Client, task: Task, tmp_path: Path, n: int, mode: Mode) -> tuple[object, str, int]:
     instance = task.setup(tmp_path, n)
-    agent = instance.agent(mode)
-    task_queue = new_task_queue()
-    async with running_worker(client, [agent], task_queue=task_queue):
-        handle = await start_run(client, agent.name, instance.prompt, task_queue=task_queue)
-        result = await handle.result()
-        await replay(handle)
-    assert instance.check(result.output) == []
-    assert instance.duplicate_effects() == 0
+    result = await run_graded(client, instance, mode)
     return instance, result.output, len(result.nested_calls) + len(result.direct_calls)
 
 
