@@ -39,13 +39,13 @@ DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 """Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
 
 SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
+"""Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
 """The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
 
 Runs record `AgentSpec.sandbox_guards` now; the patch is still asked for runs that do not, so runs recorded by
 the release that used it replay as they ran."""
-"""Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
 
 RUN_CODE_TOOL = "run_code"
 """The one tool the model sees in code mode."""
