@@ -54,7 +54,13 @@ class WorkerProcess:
     identity: str
     log: Path
     killed_at: float | None = None
-    """`time.time()` when it was SIGKILLed."""
+    """`time.time()` just before it was SIGKILLed: it may still send requests until `dead_at`."""
+    dead_at: float | None = None
+    """`time.time()` once it and its group were reaped: it can send nothing after this.
+
+    A request it wrote before dying (a workflow task completion, say) can still be stamped by the server after
+    this moment, so "after the kill" must be judged by when a task was handed to it, not by when it completed.
+    """
     live: bool = False
     """Whether it was told to poll (a spare never was)."""
 
@@ -84,6 +90,8 @@ class WorkerProcess:
         deadline = time.monotonic() + 10
         while group_members(self.pid) and time.monotonic() < deadline:
             time.sleep(0.01)
+        if self.dead_at is None:
+            self.dead_at = time.time()
 
     def tail(self, lines: int = 30) -> str:
         """The end of its log, for failure messages."""
@@ -216,6 +224,32 @@ async def workflow_task_workers(client: Client, workflow_id: str, *, completed: 
              (e.workflow_task_completed_event_attributes.identity if completed
               else e.workflow_task_started_event_attributes.identity))
             for e in history.events if e.event_type == kind]
+
+
+@dataclass(frozen=True)
+class CompletedWorkflowTask:
+    """One workflow task a worker completed: who, when the server handed it over and when it got the result."""
+
+    identity: str
+    started: float
+    """The server's `WorkflowTaskStarted` time: when the task was handed to the worker's poll."""
+    completed: float
+    """The server's `WorkflowTaskCompleted` time: when the server processed the worker's response."""
+
+
+async def completed_workflow_tasks(client: Client, workflow_id: str) -> list[CompletedWorkflowTask]:
+    """Every workflow task of the run that a worker completed, paired with the moment it was handed over.
+
+    A killed worker's last response can be stamped after its death (it was on the wire), but no worker can
+    complete a task the server handed it after it died: the started time is the one to hold against a kill.
+    """
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    started = {e.event_id: e.event_time.ToNanoseconds() / 1e9 for e in history.events
+               if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED}
+    return [CompletedWorkflowTask(identity=e.workflow_task_completed_event_attributes.identity,
+                                  started=started[e.workflow_task_completed_event_attributes.started_event_id],
+                                  completed=e.event_time.ToNanoseconds() / 1e9)
+            for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED]
 
 
 async def stall_after_kill(client: Client, ledger: Ledger, workflow_id: str, survivor: WorkerProcess,

@@ -33,7 +33,7 @@ from durable_codemode.debugging import register_agents
 from durable_codemode.testing import new_task_queue, replay
 
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent
-from ._workers import stall_after_kill, worker_fleet, workflow_task_workers
+from ._workers import completed_workflow_tasks, stall_after_kill, worker_fleet, workflow_task_workers
 
 RUNS = 20
 
@@ -72,8 +72,8 @@ async def test_killed_worker_runs_finish_on_the_other_exactly_once(env: Workflow
         victim.kill()
         assert victim.sandbox_processes() == [], "its monty processes died with it (one process group)"
         done_at_kill = ledger.execution_count()
-        killed_at = victim.killed_at
-        assert killed_at is not None
+        killed_at, dead_at = victim.killed_at, victim.dead_at
+        assert killed_at is not None and dead_at is not None
 
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 180)
         assert survivor.alive()
@@ -88,14 +88,16 @@ async def test_killed_worker_runs_finish_on_the_other_exactly_once(env: Workflow
     assert done_at_kill < total, "the kill landed before the runs were done"
 
     # The runs the victim held moved to the survivor, which replayed them from history; the victim completed
-    # no workflow task after its kill.
+    # no workflow task handed to it after its death. (Its last completion may be stamped after it died: the
+    # response was already on the wire. So each completed task is judged by when it was handed over.)
     moved = []
     for handle in handles:
-        tasks = await workflow_task_workers(client, handle.id, completed=True)
-        before = {who for when, who in tasks if when < killed_at}
-        after = {who for when, who in tasks if when >= killed_at}
-        assert victim.identity not in after
-        if victim.identity in before and after:
+        tasks = await completed_workflow_tasks(client, handle.id)
+        late = [t for t in tasks if t.identity == victim.identity and t.started >= dead_at]
+        assert late == [], f"{handle.id}: the killed worker completed tasks handed to it after its death: {late}"
+        before = {t.identity for t in tasks if t.started < killed_at}
+        after = {t.identity for t in tasks if t.started >= dead_at}
+        if victim.identity in before and survivor.identity in after:
             moved.append(handle.id)
     assert moved, "no run moved from the killed worker to the survivor"
 
