@@ -36,8 +36,8 @@ from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, create_worker, start_dev_server, start_run
 from durable_codemode._converter import DATA_CONVERTER as pydantic_data_converter
 from durable_codemode._pool import shutdown_pool
-from durable_codemode._worker import workflow_runner
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.worker._worker import workflow_runner
 
 Kind = Literal["gather", "sequential"]
 Side = Literal["codemode", "floor"]

@@ -11,7 +11,7 @@ from pydantic_ai.usage import RunUsage
 
 from activities.cart import PAGE_SIZE, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode import ToolCallContext
-from durable_codemode._context import bind_call
+from durable_codemode.worker._context import bind_call
 
 
 @pytest.fixture

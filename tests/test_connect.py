@@ -11,7 +11,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from durable_codemode import CodeModeUserError, connect
-from durable_codemode._connect import DEFAULT_ADDRESS, DEFAULT_NAMESPACE, configured_address, connect_settings
+from durable_codemode.client._connect import DEFAULT_ADDRESS, DEFAULT_NAMESPACE, configured_address, connect_settings
 
 _SETTINGS = ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_PROFILE", "TEMPORAL_API_KEY", "TEMPORAL_TLS",
              "TEMPORAL_TLS_CLIENT_CERT_PATH", "TEMPORAL_TLS_CLIENT_KEY_PATH")

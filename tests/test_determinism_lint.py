@@ -1,19 +1,23 @@
-"""Workflow-side modules must not read clocks, randomness, the environment or files directly.
+"""Workflow code must not read clocks, randomness, the environment or files directly.
 
-They run inside workflow code (and are passed through Temporal's sandbox, so the sandbox does not catch them):
-every such read must go through `workflow.now()`, `workflow.random()`, `workflow.sleep()` or the recorded spec.
-A line may opt out with `# determinism: ok (<reason>)`.
+What runs in workflow code is `durable_codemode/workflow/` and every module of the library it imports (the shared
+types, names, results, stubs, telemetry, the pool): all of it is replayed, and it is passed through Temporal's
+sandbox, so the sandbox does not catch such reads. Every one must go through `workflow.now()`,
+`workflow.random()`, `workflow.sleep()` or the recorded spec. A line may opt out with
+`# determinism: ok (<reason>)`. The folder also stays a layer of its own: it imports nothing from `worker/`,
+`client/` or `history/`, so nothing that does I/O can slip into workflow code through an import.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 import pytest
 
-WORKFLOW_SIDE = ["_workflow.py", "_sandbox.py", "_results.py", "_names.py", "_types.py", "_stubs.py", "_progress.py",
-                 "_telemetry.py", "_guards.py"]
+SRC = Path(__file__).parent.parent / "src" / "durable_codemode"
+PACKAGE = "durable_codemode"
 DENYLIST = {
     r"\bdatetime\.(now|utcnow|today)\(": "use workflow.now()",
     r"\bdate\.today\(": "use workflow.now().date()",
@@ -25,17 +29,85 @@ DENYLIST = {
     r"\basyncio\.sleep\(": "use workflow.sleep()",
     r"\bthreading\.": "no threads in workflow code",
 }
-SRC = Path(__file__).parent.parent / "src" / "durable_codemode"
+OTHER_SIDES = ("worker", "client", "history")
+"""The folders of code that runs outside workflow code."""
 
 
-@pytest.mark.parametrize("module", WORKFLOW_SIDE)
-def test_workflow_side_module_is_deterministic(module: str) -> None:
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _path_of(module: str) -> Path | None:
+    base = SRC.parent.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imports(path: Path) -> set[str]:
+    """The library's modules that `path` imports, at module level, in functions or under TYPE_CHECKING."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            names = [f"{target}.{a.name}" for a in node.names]
+            candidates = [n for n in names if _path_of(n) is not None] or [target]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        found |= {c for c in candidates if c.split(".")[0] == PACKAGE and _path_of(c) is not None}
+    return found
+
+
+def _workflow_code() -> dict[str, Path]:
+    """Every module that runs in workflow code: the workflow folder and what it imports, transitively."""
+    todo = [_module_name(p) for p in sorted((SRC / "workflow").glob("*.py"))]
+    seen: dict[str, Path] = {}
+    while todo:
+        module = todo.pop()
+        path = _path_of(module)
+        if module in seen or path is None:
+            continue
+        seen[module] = path
+        todo += sorted(_imports(path) - set(seen))
+    return seen
+
+
+WORKFLOW_CODE = _workflow_code()
+
+
+def test_workflow_code_is_the_workflow_folder_and_the_shared_modules() -> None:
+    """The lint covers what it should: the run workflow and the sandbox, and no module of another side."""
+    assert {"durable_codemode.workflow._run", "durable_codemode.workflow._sandbox",
+            "durable_codemode._types", "durable_codemode._names"} <= set(WORKFLOW_CODE)
+    leaks = sorted(m for m in WORKFLOW_CODE if m.split(".")[1] in OTHER_SIDES)
+    assert leaks == [], f"workflow code imports modules that run outside it: {leaks}"
+
+
+@pytest.mark.parametrize("module", sorted(WORKFLOW_CODE))
+def test_workflow_code_is_deterministic(module: str) -> None:
     problems = []
-    for n, line in enumerate((SRC / module).read_text().splitlines(), 1):
+    path = WORKFLOW_CODE[module]
+    for n, line in enumerate(path.read_text().splitlines(), 1):
         code = re.sub(r"\"[^\"]*\"|'[^']*'", '""', line).split("#", 1)[0]  # strings and comments are not calls
         if "determinism: ok (" in line:
             continue
         for pattern, fix in DENYLIST.items():
             if re.search(pattern, code):
-                problems.append(f"{module}:{n}: {line.strip()}  -> {fix}")
+                problems.append(f"{path.relative_to(SRC.parent)}:{n}: {line.strip()}  -> {fix}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_lint_catches_a_clock_read() -> None:
+    """The patterns are live: a plain clock read in workflow code would be reported."""
+    assert any(re.search(p, "started = time.monotonic()") for p in DENYLIST)
+    assert any(re.search(p, "key = os.environ['X']") for p in DENYLIST)

@@ -307,7 +307,7 @@ async def test_a_run_recorded_before_the_guards_replays_as_it_ran() -> None:
     from temporalio.worker import Replayer
 
     from durable_codemode import DATA_CONVERTER
-    from durable_codemode._worker import workflow_runner
+    from durable_codemode.worker._worker import workflow_runner
 
     text = (Path(__file__).parent / "histories" / "before_sandbox_guards.json").read_text()
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,

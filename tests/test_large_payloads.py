@@ -21,8 +21,8 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._storage import resolve_history
-from durable_codemode._worker import workflow_runner
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._worker import workflow_runner
 
 MB = 1024 * 1024
 

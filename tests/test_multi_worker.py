@@ -28,9 +28,9 @@ from durable_codemode import (
     create_worker,
     start_run,
 )
-from durable_codemode._worker import DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS
 from durable_codemode.debugging import register_agents
 from durable_codemode.testing import new_task_queue, replay
+from durable_codemode.worker._worker import DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS
 
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent
 from ._workers import completed_workflow_tasks, stall_after_kill, worker_fleet, workflow_task_workers

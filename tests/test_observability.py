@@ -35,10 +35,9 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._runs import list_runs
 from durable_codemode._telemetry import worker_interceptors
-from durable_codemode._visibility import AGENT_KEY, STATUS_KEY
-from durable_codemode._worker import workflow_runner
+from durable_codemode.client._listing import list_runs
+from durable_codemode.client._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode.testing import (
     RunCode,
     fetch_chain_histories,
@@ -47,6 +46,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.worker._worker import workflow_runner
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -306,7 +306,7 @@ async def test_runs_filter_by_agent_and_status_search_attributes(client: Client)
 async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: pytest.LogCaptureFixture) -> None:
     from temporalio.testing import WorkflowEnvironment
 
-    from durable_codemode._devserver import temporal_cli_path
+    from durable_codemode.client._devserver import temporal_cli_path
 
     async with await WorkflowEnvironment.start_local(
             data_converter=DATA_CONVERTER, dev_server_existing_path=temporal_cli_path(),

@@ -277,8 +277,8 @@ async def test_a_crashed_sandbox_continues_as_new_and_the_model_is_told(client: 
 
     from durable_codemode import CodeModeAgent, CodeModeRunWorkflow
     from durable_codemode._converter import DATA_CONVERTER as pydantic_data_converter
-    from durable_codemode._worker import workflow_runner
     from durable_codemode.testing import fetch_chain_histories, scripted_model
+    from durable_codemode.worker._worker import workflow_runner
 
     agent = Agent(scripted_model(
         RunCode("x = 1\n" + CRASH_THEN_COMPUTE),

@@ -20,8 +20,8 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.worker import Replayer
 
 from durable_codemode import DATA_CONVERTER, CodeModeRunWorkflow, CodeModeUserError, PoolSettings, _pool, start_run
-from durable_codemode._worker import create_worker, workflow_runner
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.worker._worker import create_worker, workflow_runner
 from tests._agents import Effects, items_agent
 
 POOL = 2

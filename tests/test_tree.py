@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic_ai.usage import RunUsage
 
 from durable_codemode import CallRecord, RunResult, SnippetRecord, TurnRecord
-from durable_codemode._tree import render_tree
+from durable_codemode.history._tree import render_tree
 
 _T = datetime(2026, 1, 1, tzinfo=UTC)
 TIMES = "\u00d7"  # the multiplication sign the tree prints in "remove_line <sign>115"

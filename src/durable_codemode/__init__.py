@@ -4,13 +4,9 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
-from ._agent import CodeModeAgent, ToolSelector
 from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
-from ._client import decide, decide_all, pending_approvals, run_agent, start_run
 from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
-from ._context import ToolCallContext, current_call
 from ._converter import DATA_CONVERTER
-from ._devserver import start_dev_server, temporal_cli_path
 from ._errors import (
     AgentNotFoundError,
     CodeModeError,
@@ -23,8 +19,12 @@ from ._errors import (
 from ._pool import PoolSettings
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
-from ._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
-from ._workflow import CodeModeRunWorkflow
+from .client._devserver import start_dev_server, temporal_cli_path
+from .client._operations import decide, decide_all, pending_approvals, run_agent, start_run
+from .worker._agent import CodeModeAgent, ToolSelector
+from .worker._context import ToolCallContext, current_call
+from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
+from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [
     "DATA_CONVERTER",

@@ -7,50 +7,18 @@ loaded if it carries a valid seal: an HMAC-SHA256, under the worker's key, of th
 version that wrote it. A dump that fails the check, or was written by another Monty version, is refused and the
 REPL starts fresh, with a note telling the model.
 
-Sealing and checking run in a local activity (`SEAL_REPL_ACTIVITY`), not in workflow code: the key stays on the
-workers, the outcome is recorded in the history, and a replay needs neither the key nor the same Monty version
-to reach the same decision.
+Sealing and checking run in a local activity (`SEAL_REPL_ACTIVITY`, `worker/_seal.py`), not in workflow code:
+the key stays on the workers, the outcome is recorded in the history, and a replay needs neither the key nor the
+same Monty version to reach the same decision.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
-import os
 from dataclasses import dataclass
-from importlib.metadata import version
 
-__all__ = [
-    "REPL_KEY_ENV",
-    "CarriedRepl",
-    "SealRequest",
-    "SealResult",
-    "carry_refused_note",
-    "monty_version",
-    "repl_key_from_env",
-    "seal",
-]
-
-REPL_KEY_ENV = "CODEMODE_REPL_KEY"
-"""The worker's REPL key (any string; 32+ random characters). Every worker of a task queue needs the same one."""
-
-
-def repl_key_from_env() -> bytes | None:
-    """`CODEMODE_REPL_KEY` as bytes, or `None` when unset or empty."""
-    value = os.environ.get(REPL_KEY_ENV, "")
-    return value.encode() if value else None
-
-
-def monty_version() -> str:
-    """The installed pydantic-monty version: a dump loads only into the version that wrote it."""
-    return version("pydantic-monty")
-
-
-def seal(key: bytes, digest: str, written_by: str) -> str:
-    """The seal of a dump: HMAC-SHA256 under `key` of the Monty version and the dump's SHA-256."""
-    return hmac.new(key, f"durable-codemode repl v1\n{written_by}\n{digest}".encode(), hashlib.sha256).hexdigest()
-
+__all__ = ["CarriedRepl", "SealRequest", "SealResult", "carry_refused_note", "digest"]
 
 @dataclass(kw_only=True)
 class CarriedRepl:

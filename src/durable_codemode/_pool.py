@@ -73,7 +73,7 @@ def default_max_processes() -> int:
     return min(32, max(4, 4 * cpus))
 
 
-_lock = threading.Lock()
+_lock = threading.Lock()  # determinism: ok (guards the process-wide pool; decides no workflow step)
 _settings = PoolSettings()
 _pool: pydantic_monty.Monty | None = None
 _running: PoolSettings | None = None

@@ -60,9 +60,9 @@ from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
-    from ._approvals import Approvals
-    from ._sandbox import Settled, SnippetOutcome
     from ._types import CallRecord, RunResult
+    from .workflow._approval_state import Approvals
+    from .workflow._sandbox import Settled, SnippetOutcome
 
 __all__ = [
     "NO_TELEMETRY",

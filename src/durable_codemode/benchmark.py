@@ -49,13 +49,14 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Replayer
 
-from ._agent import CodeModeAgent
-from ._capture import failure_message
-from ._client import start_run
 from ._errors import CodeModeUserError
-from ._worker import create_worker, workflow_runner
-from ._workflow import CodeModeRunWorkflow
+from ._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
+from .client._operations import start_run
+from .history._capture import failure_message
 from .testing import fetch_chain_histories
+from .worker._agent import CodeModeAgent
+from .worker._worker import create_worker, workflow_runner
+from .workflow._run import CodeModeRunWorkflow
 
 if TYPE_CHECKING:
     from workflows.tasks import Mode, Task
@@ -172,9 +173,7 @@ def _model_name(model: Model | str) -> str:
 
 def _error_text(error: BaseException) -> str:
     if isinstance(error, WorkflowFailureError):
-        from .cli import _failure_message  # the CLI's reading of Temporal's cause chain, shared
-
-        return f"the run failed: {_failure_message(error)}"
+        return f"the run failed: {run_failure_reason(error)}"
     if isinstance(error, TimeoutError):
         return f"timed out: {error}" if str(error) else "timed out"
     return f"{type(error).__name__}: {error}"
@@ -652,9 +651,8 @@ def _select(args: argparse.Namespace) -> list[Task]:
 
 async def bench_command(args: argparse.Namespace) -> int:
     """`codemode bench`: exit 0 when every row passed, 1 when one did not, 2 on a usage error."""
-    from ._connect import configured_address, connect
-    from ._devserver import start_dev_server
-    from .cli import EXIT_FAILED, EXIT_OK
+    from .client._connect import configured_address, connect
+    from .client._devserver import start_dev_server
 
     def say(text: str = "") -> None:
         print(text, flush=True)

@@ -53,23 +53,25 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from . import _pool
-from ._agent import CodeModeAgent
 from ._approvals import PendingApproval
-from ._capture import quiet_replays
-from ._client import decide, decide_all, pending_approvals, start_run, validate_run_input
-from ._connect import configured_address
-from ._devserver import start_dev_server
 from ._errors import CodeModeUserError
-from ._history import fetch_chain, fetch_history, histories_to_json, read_histories, trace_histories, trace_run
-from ._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
+from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
 from ._results import preview
-from ._runs import RUN_STATES, list_runs
-from ._trace import render_trace, trace_json
-from ._tree import render_tree
 from ._types import RunResult
-from ._watch import WatchOutcome, watch_run
-from ._worker import DEFAULT_TASK_QUEUE, connect, create_worker
 from .benchmark import add_bench_command
+from .client._connect import configured_address
+from .client._devserver import start_dev_server
+from .client._listing import RUN_STATES, list_runs
+from .client._operations import decide, decide_all, pending_approvals, start_run, validate_run_input
+from .client._watch import WatchOutcome, watch_run
+from .history._capture import quiet_replays
+from .history._fetch import fetch_chain, fetch_history, histories_to_json, read_histories
+from .history._read import trace_histories, trace_run
+from .history._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
+from .history._trace import render_trace, trace_json
+from .history._tree import render_tree
+from .worker._agent import CodeModeAgent
+from .worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
 
 __all__ = [
     "DEV_SERVER_DB",
@@ -84,16 +86,6 @@ __all__ = [
     "run_command",
     "serve_bundled_agents",
 ]
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-"""The run failed, or the demo's cart is not in the state the prompt asked for."""
-EXIT_USAGE = 2
-"""Wrong arguments, bad configuration, or no server at the address (argparse uses 2 too)."""
-EXIT_WAITING = 3
-"""`watch` / `run --follow` stopped because the run waits for a person's decision (it goes on once decided)."""
-EXIT_INTERRUPTED = 130
-"""Ctrl-C, by the shell's convention (128 + SIGINT)."""
 
 DEV_SERVER_DB = Path("~/.local/share/durable-codemode/dev-server.sqlite")
 """Where `codemode dev`, `codemode worker` and `worker.py` keep an embedded server's runs (`~` expanded)."""
@@ -135,25 +127,6 @@ def _model_label(agent: CodeModeAgent) -> str:
         return (f"{name} (a scripted model playing the model's part, offline; set {cart.MODEL_ENV} and "
                 "OPENAI_API_KEY or ANTHROPIC_API_KEY to use a real one)")
     return name
-
-
-def _failure_message(error: BaseException) -> str:
-    """What went wrong, from the failure's causes: the worker's own words, not Temporal's wrappers.
-
-    `WorkflowFailureError` → `ActivityError` → `ApplicationError` chains carry generic outer messages
-    ("Workflow execution failed", "Activity task failed"); the application errors inside say what happened
-    (for an unknown agent, the worker's "no agent named ..."), outermost first.
-    """
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = getattr(current, "cause", None) or current.__cause__
-    told = [e.message for e in chain if isinstance(e, ApplicationError) and e.message]
-    if not told:
-        told = [str(chain[-1]) or type(chain[-1]).__name__]
-    unique = list(dict.fromkeys(m.strip().rstrip(".") for m in told))
-    return ": ".join(unique)
 
 
 # -- serving ------------------------------------------------------------------------------------------------
@@ -269,7 +242,7 @@ async def _demo_with_cart(db: Path, lines: int, started: float) -> int:
             try:
                 result = await handle.result()
             except WorkflowFailureError as e:
-                _err(f"run {handle.id} failed: {_failure_message(e)}")
+                _err(f"run {handle.id} failed: {run_failure_reason(e)}")
                 return EXIT_FAILED
             run_seconds = time.monotonic() - run_started
     _say(f"\nanswer: {result.output}\n")
@@ -363,7 +336,7 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         result = await handle.result()
     except WorkflowFailureError as e:
-        _err(f"run {handle.id} failed: {_failure_message(e)}")
+        _err(f"run {handle.id} failed: {run_failure_reason(e)}")
         return EXIT_FAILED
     except asyncio.CancelledError:
         _err(f"stopped waiting; run {handle.id} goes on (`temporal workflow show -w {handle.id}` shows it)")

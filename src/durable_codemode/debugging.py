@@ -20,20 +20,19 @@ Replays need the agents only for approval rules (code that decides whether a cal
 
 from __future__ import annotations
 
-from ._capture import ReplayCapture, quiet_replays, replay_history
-from ._history import (
-    RunNotFoundError,
+from ._errors import RunNotFoundError
+from .client._listing import RUN_STATES, RunSummary, list_runs
+from .history._capture import ReplayCapture, quiet_replays, replay_history
+from .history._fetch import (
     fetch_chain,
     fetch_history,
     histories_from_json,
     histories_to_json,
-    parse_histories,
     read_histories,
-    trace_histories,
-    trace_run,
     write_histories,
 )
-from ._replay import (
+from .history._read import parse_histories, trace_histories, trace_run
+from .history._replay import (
     CallSide,
     Cause,
     Divergence,
@@ -47,8 +46,7 @@ from ._replay import (
     replay_recent,
     replay_run,
 )
-from ._runs import RUN_STATES, RunSummary, list_runs
-from ._trace import (
+from .history._trace import (
     CallStatus,
     RunTrace,
     TraceApproval,

@@ -34,12 +34,12 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
-from ._agent import CodeModeAgent
-from ._context import ToolCallContext, bind_call
-from ._devserver import start_dev_server
 from ._names import RUN_CODE_TOOL
-from ._worker import create_worker, workflow_runner
-from ._workflow import CodeModeRunWorkflow
+from .client._devserver import start_dev_server
+from .worker._agent import CodeModeAgent
+from .worker._context import ToolCallContext, bind_call
+from .worker._worker import create_worker, workflow_runner
+from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [
     "CallTool",

@@ -18,23 +18,24 @@ from temporalio.client import Client
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
+from .._converter import DATA_CONVERTER, is_compatible, warm_up
+from .._errors import CodeModeUserError
+from .._pool import PoolSettings, configure_pool, reserve_task_slots
+from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
+from ..client._connect import connect
+from ..workflow._approval_state import serve
+from ..workflow._run import CodeModeRunWorkflow
+from ..workflow._sandbox import close_repls
 from ._activities import CodeModeActivities
-from ._agent import CodeModeAgent, serve
-from ._carry import repl_key_from_env
-from ._connect import connect
-from ._converter import DATA_CONVERTER, is_compatible, warm_up
-from ._errors import CodeModeUserError
-from ._pool import PoolSettings, configure_pool, reserve_task_slots
-from ._sandbox import close_repls
-from ._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
-from ._workflow import CodeModeRunWorkflow
+from ._agent import CodeModeAgent
+from ._seal import repl_key_from_env
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
 
-    from ._approvals import ApprovalDecision, BatchDecision
-    from ._carry import SealRequest, SealResult
-    from ._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
+    from .._approvals import ApprovalDecision, BatchDecision
+    from .._carry import SealRequest, SealResult
+    from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",

@@ -18,8 +18,8 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from ._errors import CodeModeUserError
-from ._names import (
+from .._errors import CodeModeUserError
+from .._names import (
     AGENT_MEMO,
     AGENT_SEARCH_ATTRIBUTE,
     STATUS_MEMO,
@@ -27,8 +27,8 @@ from ._names import (
     STATUS_WAITING,
     WORKFLOW_TYPE,
 )
+from ..workflow._run import CodeModeRunWorkflow
 from ._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
-from ._workflow import CodeModeRunWorkflow
 
 __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
 

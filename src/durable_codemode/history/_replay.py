@@ -32,22 +32,16 @@ from typing import Any, Literal
 from temporalio.client import Client, WorkflowExecution, WorkflowHistory
 from temporalio.runtime import Runtime
 
-from ._agent import CodeModeAgent, serve
+from .._config import SnippetLimits
+from .._errors import CodeModeUserError
+from .._names import MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
+from .._results import preview
+from .._storage import env_stores, resolve_history
+from ..worker._agent import CodeModeAgent
+from ..workflow._approval_state import serve, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
-from ._config import SnippetLimits
-from ._errors import CodeModeUserError
-from ._history import (
-    _RULE_UNKNOWN,
-    RecordedActivity,
-    RecordedRun,
-    fetch_chain,
-    fetch_history,
-    parse_histories,
-    read_run,
-)
-from ._names import MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
-from ._results import preview
-from ._storage import env_stores, resolve_history
+from ._fetch import fetch_chain, fetch_history
+from ._read import _RULE_UNKNOWN, RecordedActivity, RecordedRun, parse_histories, read_run
 from ._trace import RunTrace, TraceSnippet
 
 __all__ = [
@@ -215,11 +209,9 @@ def load_agents(module_name: str) -> list[str]:
         CodeModeUserError: the module cannot be imported, or defines no agent.
 
     """
-    from . import _agent
-
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    before = set(_agent._SERVED)
+    before = served_agents()
     try:
         module = importlib.import_module(module_name)
     except Exception as e:
@@ -231,7 +223,7 @@ def load_agents(module_name: str) -> list[str]:
     else:
         found = [v for v in vars(module).values() if isinstance(v, CodeModeAgent)]
     names = register_agents(found)
-    names += sorted(set(_agent._SERVED) - before - set(names))
+    names += sorted(served_agents() - before - set(names))
     if not names:
         raise CodeModeUserError(
             f"worker module {module_name!r} defines no CodeModeAgent: give it an `agents()` function returning "

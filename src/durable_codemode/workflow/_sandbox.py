@@ -43,7 +43,11 @@ from pydantic_monty import (
 )
 from temporalio import workflow
 
-from . import _pool
+from .. import _pool
+from .._names import SANDBOX_GUARDS_PATCH, nested_call_id
+from .._results import bounded_result, preview
+from .._stubs import TYPE_CHECK_PRELUDE
+from .._types import AgentSpec, CallRecord
 from ._guards import (
     MAX_ANSWERS_WITHOUT_WAIT,
     MAX_CALLS_IN_FLIGHT,
@@ -52,10 +56,6 @@ from ._guards import (
     output_overflow_message,
     stopped_message,
 )
-from ._names import SANDBOX_GUARDS_PATCH, nested_call_id
-from ._results import bounded_result, preview
-from ._stubs import TYPE_CHECK_PRELUDE
-from ._types import AgentSpec, CallRecord
 
 __all__ = ["CallSite", "Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool", "close_repls"]
 

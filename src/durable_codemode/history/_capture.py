@@ -44,9 +44,9 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
-from ._approvals import ApprovalRecord, PendingApproval
-from ._converter import DATA_CONVERTER
-from ._workflow import CodeModeRunWorkflow
+from .._approvals import ApprovalRecord, PendingApproval
+from .._converter import DATA_CONVERTER
+from ..workflow._run import CodeModeRunWorkflow
 
 __all__ = [
     "ReplayCapture",

@@ -12,12 +12,12 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
-from ._errors import InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
-from ._types import RunInput, RunResult
+from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
+from .._errors import InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
+from .._types import RunInput, RunResult
+from ..worker._worker import DEFAULT_TASK_QUEUE
+from ..workflow._run import CodeModeRunWorkflow
 from ._visibility import lacks_search_attributes, start_options
-from ._worker import DEFAULT_TASK_QUEUE
-from ._workflow import CodeModeRunWorkflow
 
 __all__ = ["DEFAULT_ANSWER_TIMEOUT", "decide", "decide_all", "pending_approvals", "run_agent", "start_run",
            "validate_run_input"]

@@ -35,8 +35,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic_ai.usage import RunUsage
 
-    from ._agent import approval_rule
-    from ._approvals import (
+    from .._approvals import (
         APPROVE_SIGNAL,
         DECIDE_ALL_UPDATE,
         DECIDE_UPDATE,
@@ -44,13 +43,11 @@ with workflow.unsafe.imports_passed_through():
         PENDING_APPROVALS_QUERY,
         ApprovalDecision,
         ApprovalRecord,
-        Approvals,
         BatchDecision,
         PendingApproval,
-        denial_message,
     )
-    from ._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
-    from ._names import (
+    from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
+    from .._names import (
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         RUN_CODE_TOOL,
@@ -58,10 +55,8 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         tool_activity_id,
     )
-    from ._progress import RunProgress
-    from ._results import preview
-    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
-    from ._types import (
+    from .._results import preview
+    from .._types import (
         AgentSpec,
         CallRecord,
         Continuation,
@@ -74,6 +69,9 @@ with workflow.unsafe.imports_passed_through():
         TurnRecord,
         bound_turns,
     )
+    from ._approval_state import Approvals, approval_rule, denial_message
+    from ._progress import RunProgress
+    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
 
 __all__ = ["CodeModeRunWorkflow"]
 

@@ -21,39 +21,14 @@ from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 
-from ._config import SnippetLimits, ToolOptions
-from ._errors import CodeModeUserError
-from ._names import RUN_CODE_TOOL, tool_activity_type
-from ._results import jsonable
-from ._stubs import render_stubs, run_code_tool_definition
-from ._types import AgentSpec, ToolSpec
+from .._config import SnippetLimits, ToolOptions
+from .._errors import CodeModeUserError
+from .._names import RUN_CODE_TOOL, tool_activity_type
+from .._results import jsonable
+from .._stubs import render_stubs, run_code_tool_definition
+from .._types import AgentSpec, ToolSpec
 
-__all__ = ["CodeModeAgent", "ToolSelector", "approval_rule"]
-
-_SERVED: dict[str, CodeModeAgent] = {}
-"""The agents `create_worker` serves in this process, for what workflow code needs of them: approval rules."""
-
-
-def approval_rule(agent: str, tool: str) -> Callable[[dict[str, Any]], bool]:
-    """The approval rule of `tool` of `agent` in this process.
-
-    Raises:
-        CodeModeUserError: this process does not serve that agent (e.g. a replay without the worker's agents).
-
-    """
-    served = _SERVED.get(agent)
-    rule = served.approval_rule_for(tool) if served is not None else None
-    if rule is None:
-        raise CodeModeUserError(
-            f"tool {tool!r} of agent {agent!r} has an approval rule, but this process does not know it: run the "
-            "workflow in a process where `create_worker` serves that agent"
-        )
-    return rule
-
-
-def serve(agent: CodeModeAgent) -> None:
-    """Make `agent` known to workflow code in this process (done by `create_worker`)."""
-    _SERVED[agent.name] = agent
+__all__ = ["CodeModeAgent", "ToolSelector"]
 
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""

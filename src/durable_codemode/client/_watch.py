@@ -30,12 +30,13 @@ from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from ._approvals import PendingApproval
-from ._history import RunNotFoundError, _decode, _read_marker, _summary, failure_text
-from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL
-from ._results import preview
-from ._types import RunResult, ToolCallInput
-from ._workflow import CodeModeRunWorkflow
+from .._approvals import PendingApproval
+from .._errors import RunNotFoundError
+from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL
+from .._results import preview
+from .._types import RunResult, ToolCallInput
+from ..history._read import _decode, _read_marker, _summary, failure_text
+from ..workflow._run import CodeModeRunWorkflow
 
 __all__ = ["WatchOutcome", "watch_run"]
 

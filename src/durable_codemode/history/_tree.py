@@ -25,7 +25,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from ._types import CallRecord, RunResult, SnippetRecord, TurnRecord
+from .._types import CallRecord, RunResult, SnippetRecord, TurnRecord
 
 __all__ = ["render_tree"]
 

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Any
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
-from ._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
-from ._telemetry import NO_TELEMETRY, RunTelemetry, run_telemetry
+from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
+from .._telemetry import NO_TELEMETRY, RunTelemetry, run_telemetry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
-    from ._approvals import Approvals
+    from .._types import CallRecord, RunResult
+    from ._approval_state import Approvals
     from ._sandbox import Settled, SnippetOutcome
-    from ._types import CallRecord, RunResult
 
 __all__ = ["RunProgress"]
 

@@ -1,4 +1,4 @@
-"""A run's history: fetch it (or its whole continue-as-new chain), save and load it as JSON, read it as a trace.
+"""A run's history read as a trace: model turns, snippets, nested calls and approvals (fetching is `_fetch`).
 
 Everything a trace shows is in the history because every model request, tool call and clock read crosses the
 workflow boundary through Temporal (DESIGN.md): the model turns are the `model_request` activities (their
@@ -7,9 +7,6 @@ activity whose id is `<call id>-<digest>` and whose input is `ToolCallInput`, de
 and the spec recorded by the `describe_agent` marker gives the limits. Three things are not in the history:
 a pending approval (the call has not reached Temporal yet), a local activity's arguments and the source line of
 a call; `trace_histories` gets them by replaying the history offline, and says so when that replay fails.
-
-Files are Temporal's own history JSON (`WorkflowHistory.to_json()`, what `temporal workflow show --output json`
-and the UI download give) for one run, and `{"workflow_id": ..., "runs": [<history>, ...]}` for a chain.
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -27,9 +23,9 @@ from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.runtime import Runtime
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
-from ._approvals import (
+from .._approvals import (
     APPROVE_SIGNAL,
     DECIDE_ALL_UPDATE,
     DECIDE_UPDATE,
@@ -38,27 +34,17 @@ from ._approvals import (
     ApprovalRecord,
     PendingApproval,
 )
+from .._converter import DATA_CONVERTER
+from .._errors import CodeModeUserError
+from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
+from .._results import preview
+from .._storage import env_stores, resolve_history
+from .._types import AgentSpec, CallRecord, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 from ._capture import ReplayCapture, failure_message, replay_history
-from ._converter import DATA_CONVERTER
-from ._errors import CodeModeUserError, RunNotFoundError
-from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
-from ._results import preview
-from ._storage import env_stores, resolve_history, stores_of
+from ._fetch import fetch_chain
 from ._trace import CallStatus, RunTrace, TraceApproval, TraceCall, TraceRun, TraceSnippet, TraceTurn
-from ._types import AgentSpec, CallRecord, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 
-__all__ = [
-    "RunNotFoundError",
-    "fetch_chain",
-    "fetch_history",
-    "histories_from_json",
-    "histories_to_json",
-    "parse_histories",
-    "read_histories",
-    "trace_histories",
-    "trace_run",
-    "write_histories",
-]
+__all__ = ["failure_text", "parse_histories", "trace_histories", "trace_run"]
 
 _PREVIEW = 200
 """Characters of a result, error or argument preview."""
@@ -68,122 +54,6 @@ _RULE_UNKNOWN = "this process does not know it"
 
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
 """The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""
-
-
-# -- fetching and files --------------------------------------------------------------------------------------
-
-
-def _not_found(error: RPCError) -> bool:
-    return error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT)
-
-
-async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None = None) -> WorkflowHistory:
-    """The history of one run of `workflow_id` (default: its latest run).
-
-    Raises:
-        RunNotFoundError: no such run on the server.
-
-    """
-    try:
-        history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
-    except RPCError as e:
-        if _not_found(e):
-            raise RunNotFoundError(workflow_id, client.service_client.config.target_host) from e
-        raise
-    # Large payloads kept in a payload store are references in the history: read them back once, here, so every
-    # tool reading this history sees values.
-    return await resolve_history(history, stores_of(client.data_converter) or env_stores())
-
-
-async def fetch_chain(client: Client, workflow_id: str) -> list[WorkflowHistory]:
-    """The histories of every run of `workflow_id`'s continue-as-new chain, first to last.
-
-    Raises:
-        RunNotFoundError: no such run on the server.
-
-    """
-    latest = await fetch_history(client, workflow_id)
-    started = latest.events[0].workflow_execution_started_event_attributes
-    first = started.first_execution_run_id or latest.run_id
-    if first == latest.run_id:
-        return [latest]
-    histories: list[WorkflowHistory] = []
-    run_id: str | None = first
-    while run_id:
-        history = latest if run_id == latest.run_id else await fetch_history(client, workflow_id, run_id=run_id)
-        histories.append(history)
-        last = history.events[-1]
-        run_id = (last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-                  if last.HasField("workflow_execution_continued_as_new_event_attributes") else None)
-    return histories
-
-
-def histories_to_json(histories: Sequence[WorkflowHistory]) -> str:
-    """One run: Temporal's history JSON; several: `{"workflow_id": ..., "runs": [...]}`."""
-    if len(histories) == 1:
-        return histories[0].to_json()
-    return json.dumps({"workflow_id": histories[0].workflow_id,
-                       "runs": [h.to_json_dict() for h in histories]}, indent=2)
-
-
-def _workflow_id_of(history: dict[str, Any], default: str) -> str:
-    events = history.get("events") or []
-    if events:
-        attributes = events[0].get("workflowExecutionStartedEventAttributes") or {}
-        return str(attributes.get("workflowId") or default)
-    return default
-
-
-def histories_from_json(text: str, *, default_workflow_id: str = "run") -> list[WorkflowHistory]:
-    """The histories in a file written by `histories_to_json` (or downloaded from Temporal's CLI or UI).
-
-    Raises:
-        CodeModeUserError: the text is not a history, or not one of a durable-codemode run.
-
-    """
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise CodeModeUserError(f"not a history file: not JSON ({e})") from e
-    if isinstance(data, dict) and "runs" in data:
-        runs, workflow_id = data["runs"], data.get("workflow_id")
-    elif isinstance(data, list):
-        runs, workflow_id = data, None
-    else:
-        runs, workflow_id = [data], None
-    histories = []
-    for run in runs:
-        if not isinstance(run, dict) or not run.get("events"):
-            raise CodeModeUserError("not a history file: expected Temporal's history JSON ({\"events\": [...]}), "
-                                    "as written by `codemode history RUN_ID -o FILE`")
-        wid = workflow_id or _workflow_id_of(run, default_workflow_id)
-        history = WorkflowHistory.from_json(wid, run)
-        kind = history.events[0].workflow_execution_started_event_attributes.workflow_type.name
-        if kind != WORKFLOW_TYPE:
-            raise CodeModeUserError(f"the history is of a {kind!r} workflow, not a durable-codemode run "
-                                    f"({WORKFLOW_TYPE!r})")
-        histories.append(history)
-    return histories
-
-
-def write_histories(path: str | Path, histories: Sequence[WorkflowHistory]) -> None:
-    """Save histories to `path` (see `histories_to_json`)."""
-    Path(path).write_text(histories_to_json(histories))
-
-
-def read_histories(path: str | Path) -> list[WorkflowHistory]:
-    """Load the histories saved in `path`.
-
-    Raises:
-        CodeModeUserError: the file is missing or is not a durable-codemode history.
-
-    """
-    file = Path(path)
-    try:
-        text = file.read_text()
-    except OSError as e:
-        raise CodeModeUserError(f"cannot read history file {str(file)!r}: {e.strerror or e}") from e
-    return histories_from_json(text, default_workflow_id=file.stem)
 
 
 # -- decoding ------------------------------------------------------------------------------------------------
@@ -734,7 +604,7 @@ async def trace_histories(
 
 
 async def _live_pending(client: Client, workflow_id: str) -> list[PendingApproval] | None:
-    from ._workflow import CodeModeRunWorkflow
+    from ..workflow._run import CodeModeRunWorkflow
 
     handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, workflow_id)
     try:

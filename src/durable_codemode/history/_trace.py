@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from ._config import SnippetLimits
+from .._config import SnippetLimits
 from ._tree import _fit, _one_line
 
 __all__ = [

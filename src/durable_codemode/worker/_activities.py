@@ -22,14 +22,15 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+from .._carry import SealRequest, SealResult
+from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
+from .._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
+from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
+from .._types import AgentSpec, ModelRequestInput, ToolCallInput
 from ._agent import CodeModeAgent
-from ._carry import SealRequest, SealResult, monty_version, seal
-from ._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from ._context import ToolCallContext, bind_call
-from ._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
 from ._heartbeat import heartbeating
-from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
-from ._types import AgentSpec, ModelRequestInput, ToolCallInput
+from ._seal import monty_version, seal
 
 __all__ = ["CodeModeActivities"]
 

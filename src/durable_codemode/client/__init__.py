@@ -1,0 +1,1 @@
+"""What a Temporal client does: connect, start runs, decide approvals, list and watch runs, the dev server."""

@@ -1,0 +1,1 @@
+"""Reading histories after the fact: fetch and export them, replay them offline, explain a divergence, trace."""
