@@ -20,7 +20,7 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, documented, read_page
+from durable_codemode.apps.activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, documented, read_page
 
 __all__ = [
     "PAGE_SIZE",

@@ -24,7 +24,14 @@ from typing import Any
 from pydantic_ai.toolsets import FunctionToolset
 from typing_extensions import TypedDict
 
-from activities._store import PAGE_SIZE, IdempotentTools, SqliteStore, check_offset, documented, read_page
+from durable_codemode.apps.activities._store import (
+    PAGE_SIZE,
+    IdempotentTools,
+    SqliteStore,
+    check_offset,
+    documented,
+    read_page,
+)
 
 __all__ = [
     "ORDER_STATUSES",

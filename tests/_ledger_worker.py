@@ -33,7 +33,6 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
 from temporalio import activity
 from temporalio.common import RetryPolicy
 
-from activities._store import IdempotentTools, SqliteStore
 from durable_codemode import (
     CodeModeAgent,
     CodeModeUserError,
@@ -43,6 +42,7 @@ from durable_codemode import (
     create_worker,
     current_call,
 )
+from durable_codemode.apps.activities._store import IdempotentTools, SqliteStore
 from durable_codemode.testing import RunCode, Step, last_result, scripted_model
 
 AGENT = "ledger"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from temporalio.client import Client
 
 from durable_codemode import RunResult, start_run
+from durable_codemode.apps.workflows.tasks import Instance, Mode
 from durable_codemode.testing import new_task_queue, replay, running_worker
-from workflows.tasks import Instance, Mode
 
 
 async def run_graded(client: Client, instance: Instance, mode: Mode) -> RunResult:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from workflows.calendar import CALENDAR_TASK
-from workflows.cart import CART_TASK
-from workflows.chat import CHAT_TASK
-from workflows.inventory import INVENTORY_TASK
-from workflows.kanban import KANBAN_TASK
-from workflows.tasks import Task
+from durable_codemode.apps.workflows.calendar import CALENDAR_TASK
+from durable_codemode.apps.workflows.cart import CART_TASK
+from durable_codemode.apps.workflows.chat import CHAT_TASK
+from durable_codemode.apps.workflows.inventory import INVENTORY_TASK
+from durable_codemode.apps.workflows.kanban import KANBAN_TASK
+from durable_codemode.apps.workflows.tasks import Task
 
 
 @pytest.mark.parametrize("task", [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK],

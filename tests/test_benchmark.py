@@ -12,12 +12,12 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from temporalio.client import Client
 
-from activities.cart import CartTools
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.cart import CartTools
+from durable_codemode.apps.workflows.cart import CART_TASK, CartInstance
+from durable_codemode.apps.workflows.tasks import Mode, Task
 from durable_codemode.benchmark import render_report, run_benchmark
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import CART_TASK, CartInstance
-from workflows.tasks import Mode, Task
 
 _CLEAN_ENV = {k: v for k, v in os.environ.items()
               if k not in ("TEMPORAL_ADDRESS", "CODEMODE_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")}

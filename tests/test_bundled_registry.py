@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import workflows
+from durable_codemode.apps import workflows
 
 
 def test_the_worker_serves_the_five_apps_and_the_cross_app_agent(

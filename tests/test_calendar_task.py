@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.calendar import CalendarStore, CalendarTools, expected_responses
-from workflows.calendar import CALENDAR_DB_ENV, CALENDAR_TASK, CalendarInstance, agents
-from workflows.tasks import Mode
+from durable_codemode.apps.activities.calendar import CalendarStore, CalendarTools, expected_responses
+from durable_codemode.apps.workflows.calendar import CALENDAR_DB_ENV, CALENDAR_TASK, CalendarInstance, agents
+from durable_codemode.apps.workflows.tasks import Mode
 
 from ._tasks import run_graded
 

@@ -11,7 +11,7 @@ from pydantic_ai import RunContext
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
-from activities.calendar import (
+from durable_codemode.apps.activities.calendar import (
     ME,
     PAGE_SIZE,
     CalendarStore,

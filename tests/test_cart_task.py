@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from workflows.cart import CART_TASK
-from workflows.tasks import Mode
+from durable_codemode.apps.workflows.cart import CART_TASK
+from durable_codemode.apps.workflows.tasks import Mode
 
 from ._tasks import run_graded
 

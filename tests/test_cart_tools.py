@@ -9,8 +9,8 @@ from pydantic_ai import RunContext
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
-from activities.cart import PAGE_SIZE, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode import ToolCallContext
+from durable_codemode.apps.activities.cart import PAGE_SIZE, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode.worker._context import bind_call
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.chat import ChatStore, ChatTools, unanswered_refund_questions
-from workflows.chat import CHAT_DB_ENV, CHAT_TASK, REFUND_FORM, ChatInstance, agents
-from workflows.tasks import Mode
+from durable_codemode.apps.activities.chat import ChatStore, ChatTools, unanswered_refund_questions
+from durable_codemode.apps.workflows.chat import CHAT_DB_ENV, CHAT_TASK, REFUND_FORM, ChatInstance, agents
+from durable_codemode.apps.workflows.tasks import Mode
 
 from ._tasks import run_graded
 

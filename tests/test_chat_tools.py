@@ -9,7 +9,7 @@ from pydantic_ai import RunContext
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
-from activities.chat import (
+from durable_codemode.apps.activities.chat import (
     BOT,
     MAX_TEXT,
     PAGE_SIZE,

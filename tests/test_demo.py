@@ -14,11 +14,11 @@ import pytest
 from pydantic import TypeAdapter
 from temporalio.client import Client
 
-from activities.cart import CartStore, check_removed_over, over_threshold
 from durable_codemode import RunResult, start_run
+from durable_codemode.apps.activities.cart import CartStore, check_removed_over, over_threshold
+from durable_codemode.apps.workflows.cart import DEMO_PROMPT, MODEL_ENV, cart_agent, scripted_cart_model
 from durable_codemode.history._tree import render_tree
 from durable_codemode.testing import new_task_queue, replay, running_worker
-from workflows.cart import DEMO_PROMPT, MODEL_ENV, cart_agent, scripted_cart_model
 
 _ANSWER = re.compile(
     r"Removed (\d+) lines over \$50 each \(\$([\d,]+)\.(\d\d)\); (\d+) lines remain \(\$([\d,]+)\.(\d\d)\)\."

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.inventory import InventoryTools, Item, plan_cost_cents, reorder_plan
-from workflows.cart import format_cents
-from workflows.inventory import INVENTORY_TASK, InventoryInstance
-from workflows.tasks import Mode
+from durable_codemode.apps.activities.inventory import InventoryTools, Item, plan_cost_cents, reorder_plan
+from durable_codemode.apps.workflows.cart import format_cents
+from durable_codemode.apps.workflows.inventory import INVENTORY_TASK, InventoryInstance
+from durable_codemode.apps.workflows.tasks import Mode
 
 from ._tasks import run_graded
 

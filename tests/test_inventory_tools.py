@@ -9,7 +9,13 @@ from pydantic_ai import RunContext
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
-from activities.inventory import PAGE_SIZE, InventoryStore, InventoryTools, plan_cost_cents, reorder_plan
+from durable_codemode.apps.activities.inventory import (
+    PAGE_SIZE,
+    InventoryStore,
+    InventoryTools,
+    plan_cost_cents,
+    reorder_plan,
+)
 from durable_codemode.testing import tool_call_context
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from activities.kanban import KanbanTools, Task, open_points, rebalance_moves
-from workflows.kanban import KANBAN_TASK, KanbanInstance
-from workflows.tasks import Mode
+from durable_codemode.apps.activities.kanban import KanbanTools, Task, open_points, rebalance_moves
+from durable_codemode.apps.workflows.kanban import KANBAN_TASK, KanbanInstance
+from durable_codemode.apps.workflows.tasks import Mode
 
 from ._tasks import run_graded
 

@@ -9,7 +9,16 @@ from pydantic_ai import RunContext
 from pydantic_ai.models.test import TestModel
 from pydantic_ai.usage import RunUsage
 
-from activities.kanban import PAGE_SIZE, PRIORITIES, STATUSES, TEAM, KanbanStore, KanbanTools, TaskPage, open_points
+from durable_codemode.apps.activities.kanban import (
+    PAGE_SIZE,
+    PRIORITIES,
+    STATUSES,
+    TEAM,
+    KanbanStore,
+    KanbanTools,
+    TaskPage,
+    open_points,
+)
 from durable_codemode.testing import tool_call_context
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from workflows.cart_inventory import CART_INVENTORY_TASK, StockCheckInstance
-from workflows.long import LONG_CART_TASK, CapAndBudgetInstance
-from workflows.tasks import Mode, Task
+from durable_codemode.apps.workflows.cart_inventory import CART_INVENTORY_TASK, StockCheckInstance
+from durable_codemode.apps.workflows.long import LONG_CART_TASK, CapAndBudgetInstance
+from durable_codemode.apps.workflows.tasks import Mode, Task
 
 from ._tasks import run_graded
 

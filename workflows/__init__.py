@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from durable_codemode import CodeModeAgent
-    from workflows.tasks import Task
+    from durable_codemode.apps.workflows.tasks import Task
 
 __all__ = ["agents", "all_tasks", "app_modules"]
 
@@ -32,7 +32,7 @@ the agent over two of them."""
 
 def app_modules() -> list[ModuleType]:
     """The bundled apps' modules, in `_APPS` order."""
-    return [importlib.import_module(f"workflows.{name}") for name in _APPS]
+    return [importlib.import_module(f"durable_codemode.apps.workflows.{name}") for name in _APPS]
 
 
 def agents() -> list[CodeModeAgent]:
@@ -42,12 +42,12 @@ def agents() -> list[CodeModeAgent]:
 
 def all_tasks() -> list[Task]:
     """Every bundled benchmark task: the apps' scaling tasks, then the long-horizon ones."""
-    from workflows.calendar import CALENDAR_TASK
-    from workflows.cart import CART_TASK
-    from workflows.cart_inventory import CART_INVENTORY_TASK
-    from workflows.chat import CHAT_TASK
-    from workflows.inventory import INVENTORY_TASK
-    from workflows.kanban import KANBAN_TASK
-    from workflows.long import LONG_CART_TASK
+    from durable_codemode.apps.workflows.calendar import CALENDAR_TASK
+    from durable_codemode.apps.workflows.cart import CART_TASK
+    from durable_codemode.apps.workflows.cart_inventory import CART_INVENTORY_TASK
+    from durable_codemode.apps.workflows.chat import CHAT_TASK
+    from durable_codemode.apps.workflows.inventory import INVENTORY_TASK
+    from durable_codemode.apps.workflows.kanban import KANBAN_TASK
+    from durable_codemode.apps.workflows.long import LONG_CART_TASK
 
     return [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK, LONG_CART_TASK, CART_INVENTORY_TASK]

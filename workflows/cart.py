@@ -20,10 +20,19 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from activities.cart import CartLine, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.cart import CartLine, CartStore, CartTools, check_removed_over, over_threshold
+from durable_codemode.apps.workflows.tasks import (
+    SCALING_SIZES,
+    Call,
+    Mode,
+    Seen,
+    Task,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "CART_DB_ENV",

@@ -18,13 +18,22 @@ from typing import Any
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
-from activities.cart import CartLine, CartStore, CartTools
-from activities.inventory import InventoryStore, InventoryTools, Item
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.cart import CartLine, CartStore, CartTools
+from durable_codemode.apps.activities.inventory import InventoryStore, InventoryTools, Item
+from durable_codemode.apps.workflows.cart import cart_db_path, format_cents, model_from_env
+from durable_codemode.apps.workflows.long import LONG_LIMITS, LONG_SIZES
+from durable_codemode.apps.workflows.tasks import (
+    Call,
+    Mode,
+    Seen,
+    Task,
+    as_json,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import cart_db_path, format_cents, model_from_env
-from workflows.long import LONG_LIMITS, LONG_SIZES
-from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, summary_answer, tool_calling_model
 
 __all__ = ["AGENT_NAME", "CART_INVENTORY_TASK", "INSTRUCTIONS", "StockCheckInstance", "agents"]
 
@@ -255,7 +264,7 @@ class StockCheckInstance:
 
 def agents() -> list[CodeModeAgent]:
     """The `cart-inventory` agent over the cart's and the inventory's default stores, for the bundled worker."""
-    from workflows.inventory import inventory_db_path
+    from durable_codemode.apps.workflows.inventory import inventory_db_path
 
     cart, inventory = CartStore(cart_db_path()), InventoryStore(inventory_db_path())
     for store in (cart, inventory):

@@ -14,11 +14,26 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from activities.chat import ChatStore, ChatTools, Message, check_refund_replies, unanswered_refund_questions
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.chat import (
+    ChatStore,
+    ChatTools,
+    Message,
+    check_refund_replies,
+    unanswered_refund_questions,
+)
+from durable_codemode.apps.workflows.cart import model_from_env
+from durable_codemode.apps.workflows.tasks import (
+    SCALING_SIZES,
+    Call,
+    Mode,
+    Seen,
+    Task,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "CHAT_DB_ENV",

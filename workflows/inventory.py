@@ -13,11 +13,27 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from activities.inventory import InventoryStore, InventoryTools, Item, check_reordered, plan_cost_cents, reorder_plan
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.inventory import (
+    InventoryStore,
+    InventoryTools,
+    Item,
+    check_reordered,
+    plan_cost_cents,
+    reorder_plan,
+)
+from durable_codemode.apps.workflows.cart import format_cents, model_from_env
+from durable_codemode.apps.workflows.tasks import (
+    SCALING_SIZES,
+    Call,
+    Mode,
+    Seen,
+    Task,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import format_cents, model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, Task, numbers_in, summary_answer, tool_calling_model
 
 __all__ = [
     "DEFAULT_INVENTORY_DB",

@@ -13,12 +13,20 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from activities.kanban import KanbanStore, KanbanTools, Task, check_rebalanced, rebalance_moves
 from durable_codemode import CodeModeAgent
+from durable_codemode.apps.activities.kanban import KanbanStore, KanbanTools, Task, check_rebalanced, rebalance_moves
+from durable_codemode.apps.workflows.cart import model_from_env
+from durable_codemode.apps.workflows.tasks import (
+    SCALING_SIZES,
+    Call,
+    Mode,
+    Seen,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
+from durable_codemode.apps.workflows.tasks import Task as BenchTask
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import model_from_env
-from workflows.tasks import SCALING_SIZES, Call, Mode, Seen, numbers_in, summary_answer, tool_calling_model
-from workflows.tasks import Task as BenchTask
 
 __all__ = [
     "DEFAULT_KANBAN_DB",

@@ -15,12 +15,21 @@ from pathlib import Path
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
-from activities.cart import CartLine, CartStore, CartTools
 from durable_codemode import CodeModeAgent, SnippetLimits
+from durable_codemode.apps.activities.cart import CartLine, CartStore, CartTools
+from durable_codemode.apps.workflows.cart import INSTRUCTIONS as CART_INSTRUCTIONS
+from durable_codemode.apps.workflows.cart import format_cents
+from durable_codemode.apps.workflows.tasks import (
+    Call,
+    Mode,
+    Seen,
+    Task,
+    as_json,
+    numbers_in,
+    summary_answer,
+    tool_calling_model,
+)
 from durable_codemode.testing import RunCode, scripted_model
-from workflows.cart import INSTRUCTIONS as CART_INSTRUCTIONS
-from workflows.cart import format_cents
-from workflows.tasks import Call, Mode, Seen, Task, as_json, numbers_in, summary_answer, tool_calling_model
 
 __all__ = ["LONG_CART_TASK", "LONG_LIMITS", "LONG_SIZES", "CapAndBudgetInstance"]
 

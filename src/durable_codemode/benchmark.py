@@ -14,7 +14,7 @@ instances run with that model.
 ```python
 from durable_codemode import start_dev_server
 from durable_codemode.benchmark import render_report, run_benchmark
-from workflows import all_tasks
+from durable_codemode.apps.workflows import all_tasks
 
 async with await start_dev_server() as env:
     rows = await run_benchmark(env.client, all_tasks(), sizes=[5, 20], modes=["on", "off"])
@@ -49,6 +49,7 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Replayer
 
+from ._bundled import bundled_apps
 from ._errors import CodeModeUserError
 from ._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
 from .client._operations import start_run
@@ -59,7 +60,7 @@ from .worker._worker import create_worker, workflow_runner
 from .workflow._run import CodeModeRunWorkflow
 
 if TYPE_CHECKING:
-    from workflows.tasks import Mode, Task
+    from .apps.workflows.tasks import Mode, Task
 
 __all__ = [
     "MIN_MODEL_REQUESTS",
@@ -629,7 +630,8 @@ def add_bench_command(commands: Any) -> None:
 
 
 def _select(args: argparse.Namespace) -> list[Task]:
-    from workflows import all_tasks
+    with bundled_apps("codemode bench"):
+        from .apps.workflows import all_tasks
 
     tasks = all_tasks()
     known_apps = sorted({app for t in tasks for app in t.apps})

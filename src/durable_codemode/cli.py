@@ -54,6 +54,7 @@ from temporalio.service import RPCError
 
 from . import _pool
 from ._approvals import PendingApproval
+from ._bundled import bundled_apps
 from ._errors import CodeModeUserError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
 from ._results import preview
@@ -113,13 +114,15 @@ def _address(client: Client) -> str:
 def _bundled_agents() -> list[CodeModeAgent]:
     # Imported here, not at module level: `codemode run` needs neither the apps nor their stores (creating
     # an app's agent seeds its database), and the library stays importable without the bundled apps.
-    import workflows
+    with bundled_apps("serving the bundled agents"):
+        from .apps import workflows
 
     return workflows.agents()
 
 
 def _model_label(agent: CodeModeAgent) -> str:
-    from workflows import cart
+    with bundled_apps("the bundled agents' model"):
+        from .apps.workflows import cart
 
     model = agent.agent.model
     name = model.model_name if isinstance(model, Model) else str(model)
@@ -200,7 +203,8 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from workflows import cart
+    with bundled_apps("codemode demo"):
+        from .apps.workflows import cart
 
     started = time.monotonic()
     saved_db_env = os.environ.get(cart.CART_DB_ENV)
@@ -219,8 +223,9 @@ async def _demo(args: argparse.Namespace) -> int:
 
 async def _demo_with_cart(db: Path, lines: int, started: float) -> int:
     """The demo proper; `started` is when the command began, for the wall time it reports."""
-    from activities.cart import PAGE_SIZE, CartStore, check_removed_over, over_threshold
-    from workflows import cart
+    with bundled_apps("codemode demo"):
+        from .apps.activities.cart import PAGE_SIZE, CartStore, check_removed_over, over_threshold
+        from .apps.workflows import cart
 
     store = CartStore(db)
     store.seed(lines=lines)
