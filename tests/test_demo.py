@@ -17,7 +17,7 @@ from temporalio.client import Client
 from durable_codemode import RunResult, start_run
 from durable_codemode.apps.activities.cart import CartStore, check_removed_over, over_threshold
 from durable_codemode.apps.workflows.cart import DEMO_PROMPT, MODEL_ENV, cart_agent, scripted_cart_model
-from durable_codemode.history._tree import render_tree
+from durable_codemode.history._trace import render_tree
 from durable_codemode.testing import new_task_queue, replay, running_worker
 
 _ANSWER = re.compile(

@@ -1,15 +1,15 @@
-"""`render_tree`: turns, snippets and calls drawn as text; long call lists collapsed; errors never hidden."""
+"""`render_tree`: a finished run drawn as `codemode trace` draws one; long call lists collapsed, errors never hidden."""
 
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 from pydantic_ai.usage import RunUsage
 
 from durable_codemode import CallRecord, RunResult, SnippetRecord, TurnRecord
-from durable_codemode.history._tree import render_tree
+from durable_codemode.history._trace import RunTrace, render_trace, render_tree, trace_turns_of
 
 _T = datetime(2026, 1, 1, tzinfo=UTC)
 TIMES = "\u00d7"  # the multiplication sign the tree prints in "remove_line <sign>115"
@@ -18,7 +18,7 @@ TIMES = "\u00d7"  # the multiplication sign the tree prints in "remove_line <sig
 def call(call_id: str, tool: str, args: str, result: str,
          status: Literal["ok", "error", "cancelled"] = "ok") -> CallRecord:
     return CallRecord(call_id=call_id, tool=tool, args=args, status=status, result=result, started_at=_T,
-                      finished_at=_T)
+                      finished_at=_T + timedelta(milliseconds=9))
 
 
 def cart_calls(*, failing: int | None = None) -> list[CallRecord]:
@@ -56,36 +56,49 @@ def test_small_run_golden() -> None:
     assert text == (
         "model turn 0\n"
         "└─ run_code call_0  ok  (1 nested call)\n"
-        "   │ x = await get(i=1)\n"
-        "   │ x * 2\n"
+        "   │ 1  x = await get(i=1)\n"
+        "   │ 3  x * 2\n"
         '   │ = {"result": 20}\n'
-        "   └─ call_0.0  get(i=1)  ok  → 10\n"
+        "   └─ call_0.0  get(i=1)  ok  9 ms  → 10\n"
         "model turn 1\n"
         "└─ answer: It is 20."
     )
 
 
-def test_many_calls_collapse_to_first_five_and_last_two_in_call_order() -> None:
+def test_it_is_the_trace_drawing() -> None:
+    """One renderer: a run's tree and its trace from history draw the same snippet and call lines."""
+    snippet = SnippetRecord(call_id="call_0", code="x = await get(i=1)", outcome="ok", result="{}",
+                            calls=[call("call_0.0", "get", '{"i": 1}', "10")])
+    run = two_turns(snippet)
+    turns = trace_turns_of(run.turns, run=0)
+    trace = render_trace(RunTrace(workflow_id="w", agent="a", status="completed", runs=[], turns=turns))
+    tree = render_tree(run)
+    assert tree.splitlines() == trace.splitlines()[1:]  # the trace adds its headline
+
+
+def test_many_calls_collapse_to_first_six_and_last_three_in_call_order() -> None:
     snippet = SnippetRecord(call_id="call_0", code=CODE, outcome="ok", result='{"result": 1}',
                             calls=cart_calls())
     lines = render_tree(result(TurnRecord(index=0, text="", snippets=[snippet]),
                                TurnRecord(index=1, text="Done."))).splitlines()
     call_lines = [line for line in lines if line.lstrip(" │").startswith(("├─", "└─")) and "call_0." in line]
     assert [line.split()[1] for line in call_lines] == [
-        "call_0.0", "call_0.1", "call_0.2", "call_0.3", "call_0.4", "call_0.120", "call_0.121"]
-    assert f"   ├─ … 115 more calls (remove_line {TIMES}115)" in lines
-    assert "   ├─ call_0.0  list_cart(offset=0)  ok  → {\"items\": [], \"next_offset\": null}" in lines
+        "call_0.0", "call_0.1", "call_0.2", "call_0.3", "call_0.4", "call_0.5", "call_0.119", "call_0.120",
+        "call_0.121"]
+    assert f"   ├─ … 113 more calls, all ok (remove_line {TIMES}113)" in lines
+    assert "   ├─ call_0.0  list_cart(offset=0)  ok  9 ms  → {\"items\": [], \"next_offset\": null}" in lines
     assert "(122 nested calls)" in lines[1]
     # The code preview stops after six lines.
     code_lines = [line for line in lines if line.startswith("   │ ")]
-    assert code_lines[:7] == [f"   │ line_{i} = {i}" for i in range(6)] + ["   │ …"]
+    assert code_lines[:7] == [f"   │ {i + 1:>2}  line_{i} = {i}" for i in range(6)] + ["   │ …"]
 
 
-def test_collapsed_failures_are_counted() -> None:
+def test_collapsing_never_hides_a_failed_call() -> None:
     snippet = SnippetRecord(call_id="call_0", code="...", outcome="ok", result="{}",
                             calls=cart_calls(failing=50))
-    text = render_tree(two_turns(snippet))
-    assert f"… 115 more calls (remove_line {TIMES}115; 1 error)" in text
+    lines = render_tree(two_turns(snippet)).splitlines()
+    assert f"   ├─ … 112 more calls, all ok (remove_line {TIMES}112)" in lines
+    assert "   ├─ call_0.50  remove_line(line_id=50)  error  9 ms  ✗ KeyError: no cart line 50" in lines
 
 
 def test_few_calls_are_all_shown() -> None:
@@ -107,8 +120,8 @@ def test_errors_are_shown() -> None:
                               TurnRecord(index=2, text="I could not.")))
     assert "└─ run_code call_0  error  (1 nested call)" in text
     assert '   │ = {"error": "KeyError: no item -1", "traceback": "..."}' in text
-    assert "   └─ call_0.0  get(i=-1)  error  ✗ KeyError: no item -1" in text
-    assert ("└─ run_code call_1  rejected\n     undefined_name\n     = The code was not run: type error."
+    assert "   └─ call_0.0  get(i=-1)  error  9 ms  ✗ KeyError: no item -1" in text
+    assert ("└─ run_code call_1  rejected\n     1  undefined_name\n     = The code was not run: type error."
             in text)
 
 
@@ -120,8 +133,8 @@ def test_direct_calls_and_text_next_to_calls() -> None:
     assert text.splitlines() == [
         "model turn 0",
         "├─ text: Let me look.",
-        '├─ tool call call_a  get_line(line_id=3)  ok  → {"line_id": 3}',
-        "└─ tool call call_b  remove_line(line_id=9)  error  ✗ KeyError: no cart line 9",
+        '├─ tool call call_a  get_line(line_id=3)  ok  9 ms  → {"line_id": 3}',
+        "└─ tool call call_b  remove_line(line_id=9)  error  9 ms  ✗ KeyError: no cart line 9",
         "model turn 1",
         "└─ answer: Line 3 is there; 9 was not.",
     ]

@@ -69,8 +69,7 @@ from .history._capture import quiet_replays
 from .history._fetch import fetch_chain, fetch_history, histories_to_json, read_histories
 from .history._read import trace_histories, trace_run
 from .history._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
-from .history._trace import render_trace, trace_json
-from .history._tree import render_tree
+from .history._trace import render_trace, render_tree, trace_json
 from .worker._agent import CodeModeAgent
 from .worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
 

@@ -39,10 +39,22 @@ from .._errors import CodeModeUserError
 from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
 from .._results import preview
 from .._storage import env_stores, resolve_history
-from .._types import AgentSpec, CallRecord, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
+from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._fetch import fetch_chain
-from ._trace import CallStatus, RunTrace, TraceApproval, TraceCall, TraceRun, TraceSnippet, TraceTurn
+from ._trace import (
+    CallStatus,
+    RunTrace,
+    TraceApproval,
+    TraceCall,
+    TraceRun,
+    TraceSnippet,
+    TraceTurn,
+    call_order,
+    seconds_between,
+    trace_call_of,
+    trace_turns_of,
+)
 
 __all__ = ["failure_text", "parse_histories", "trace_histories", "trace_run"]
 
@@ -90,10 +102,6 @@ def failure_text(failure: Failure) -> str:
             told.append(text)
         current = current.cause if current.HasField("cause") else None
     return ": ".join(told) or "failed"
-
-
-def _seconds_between(start: datetime | None, end: datetime | None) -> float | None:
-    return (end - start).total_seconds() if start and end else None
 
 
 def _summary(event: HistoryEvent) -> str | None:
@@ -283,7 +291,7 @@ def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
     call = TraceCall(call_id=call_id, tool=tool, args=args, status="running", activity_type=activity.activity_type,
                      activity_id=activity.activity_id, local=activity.local, scheduled_at=activity.scheduled_at,
                      finished_at=activity.finished_at, attempts=activity.attempts, last_failure=activity.last_failure,
-                     duration_s=_seconds_between(activity.scheduled_at, activity.finished_at))
+                     duration_s=seconds_between(activity.scheduled_at, activity.finished_at))
     if activity.closed == "completed":
         call.status, call.result = "ok", preview(activity.result, _PREVIEW)
     elif activity.closed in ("failed", "timed_out"):
@@ -312,32 +320,6 @@ def _outcome_from_return(part: ToolReturnPart) -> Any:
     return "ok"
 
 
-def _from_summary_call(record: CallRecord) -> TraceCall:
-    try:
-        args = json.loads(record.args)
-    except ValueError:
-        args = None
-    ok = record.status == "ok"
-    return TraceCall(call_id=record.call_id, tool=record.tool, args=args if isinstance(args, dict) else None,
-                     status=record.status, result=record.result if ok else None, error=None if ok else record.result,
-                     scheduled_at=record.started_at, finished_at=record.finished_at,
-                     duration_s=_seconds_between(record.started_at, record.finished_at))
-
-
-def _from_summary_turn(record: TurnRecord) -> TraceTurn:
-    return TraceTurn(
-        index=record.index, run=-1, status="ok", text=record.text,
-        snippets=[TraceSnippet(call_id=s.call_id, code=s.code, outcome=s.outcome, result=s.result,
-                               calls=[_from_summary_call(c) for c in s.calls]) for s in record.snippets],
-        direct_calls=[_from_summary_call(c) for c in record.direct_calls],
-    )
-
-
-def _call_order(call: TraceCall) -> tuple[int, str]:
-    tail = call.call_id.rsplit(".", 1)[-1]
-    return (int(tail), call.call_id) if tail.isdigit() else (-1, call.call_id)
-
-
 class _Assembler:
     """Builds the trace's turns from the runs read, in order; later runs' summaries fill in what ended a run."""
 
@@ -358,7 +340,7 @@ class _Assembler:
     def build(self) -> list[TraceTurn]:
         first = self.runs[0].input.continuation
         if first is not None:
-            self.turns += [_from_summary_turn(t) for t in first.turns]
+            self.turns += trace_turns_of(first.turns, run=-1)
         for i, parsed in enumerate(self.runs):
             self.run_turns(i, parsed)
         return self.turns
@@ -378,7 +360,7 @@ class _Assembler:
                 index = int(tail) if tail.isdigit() else index
             turn = TraceTurn(index=index, run=run_index, status="running", requested_at=request.scheduled_at,
                              responded_at=request.finished_at, attempts=request.attempts,
-                             duration_s=_seconds_between(request.scheduled_at, request.finished_at))
+                             duration_s=seconds_between(request.scheduled_at, request.finished_at))
             self.turns.append(turn)
             if request.closed in ("failed", "timed_out"):
                 turn.status, turn.error = "error", request.failure
@@ -418,7 +400,7 @@ class _Assembler:
                                restart=bool(args.get("restart", False)), outcome="unknown")
         prefix = part.tool_call_id + "."
         snippet.calls = sorted((c for c in calls if c.call_id.startswith(prefix)
-                                and c.call_id[len(prefix):].isdigit()), key=_call_order)
+                                and c.call_id[len(prefix):].isdigit()), key=call_order)
         returned = returns.get(part.tool_call_id)
         record = next((s for s in summary.snippets if s.call_id == part.tool_call_id), None) if summary else None
         replayed = next((s for s in reversed(capture.snippets) if s.call_id == part.tool_call_id), None) \
@@ -430,9 +412,9 @@ class _Assembler:
             for summarized in record.calls:
                 call = known.get(summarized.call_id)
                 if call is not None and call.args is None:  # a local activity: its marker has no input
-                    call.args = _from_summary_call(summarized).args
-            snippet.calls += [_from_summary_call(c) for c in record.calls if c.call_id not in known]
-            snippet.calls.sort(key=_call_order)
+                    call.args = trace_call_of(summarized).args
+            snippet.calls += [trace_call_of(c) for c in record.calls if c.call_id not in known]
+            snippet.calls.sort(key=call_order)
         elif returned is not None:
             snippet.outcome, snippet.result = _outcome_from_return(returned), preview(returned.content, _PREVIEW)
         elif replayed is not None and replayed.outcome is not None:
@@ -520,7 +502,7 @@ def _attach(trace: RunTrace, capture: dict[str, ReplayCapture]) -> None:
             call = TraceCall(call_id=approval.call_id, tool=approval.tool, args=approval.args, status=status,
                              line=approval.line, scheduled_at=approval.requested_at)
             parent.calls.append(call)
-            parent.calls.sort(key=_call_order)
+            parent.calls.sort(key=call_order)
         elif approval.state == "denied":
             call.status = "denied"
         call.approval = approval

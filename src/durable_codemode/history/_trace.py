@@ -1,9 +1,11 @@
-"""A run as its history tells it: model turns → `run_code` snippets → nested tool calls (→ approvals).
+"""A run as a tree: model turns → `run_code` snippets → nested tool calls (→ approvals), and its one drawing.
 
 `RunResult` summarizes a finished run; a trace is built from the history instead, so it exists for every run
 (running, waiting for a person, completed, failed, continued as new) and has what only the history has: each
 call's arguments, attempts, duration and error, the approvals and who decided them, the continue-as-new
-boundaries and the workflow task failures of a wedged run. `render_trace` draws it as text:
+boundaries and the workflow task failures of a wedged run. `render_trace` draws it as text; `render_tree` draws
+a finished run's `RunResult` with the same drawing (what `codemode demo` and `codemode run` print), its code
+cut to a few lines:
 
 ```
 run refunds-1a2b (agent refunds): waiting for approval of call_0.1
@@ -26,7 +28,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from .._config import SnippetLimits
-from ._tree import _fit, _one_line
+from .._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
     "CallStatus",
@@ -36,8 +38,13 @@ __all__ = [
     "TraceRun",
     "TraceSnippet",
     "TraceTurn",
+    "call_order",
     "render_trace",
+    "render_tree",
+    "seconds_between",
+    "trace_call_of",
     "trace_json",
+    "trace_turns_of",
 ]
 
 CallStatus = Literal["ok", "error", "cancelled", "denied", "running", "pending"]
@@ -49,7 +56,11 @@ _PREVIEW = 200
 """Characters of a result, error or argument preview in a trace (the JSON form has the same previews)."""
 
 _COLLAPSE_OVER = 12
+"""A snippet with more calls than this shows its first `_HEAD` and last `_TAIL`, and every call that was not ok."""
 _HEAD, _TAIL = 6, 3
+
+_SUMMARY_CODE_LINES = 6
+"""Lines of a snippet's code `render_tree` shows before `…`: enough to recognise it, not to read it."""
 
 
 @dataclass(kw_only=True)
@@ -201,6 +212,50 @@ class RunTrace:
         return next((c for c in [*self.nested_calls, *self.direct_calls] if c.call_id == call_id), None)
 
 
+def _fit(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: max(width - 1, 0)] + "…"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def seconds_between(start: datetime | None, end: datetime | None) -> float | None:
+    return (end - start).total_seconds() if start and end else None
+
+
+def call_order(call: TraceCall) -> tuple[int, str]:
+    """Calls are recorded as they finish; a tree shows them in the order the program made them."""
+    tail = call.call_id.rsplit(".", 1)[-1]
+    return (int(tail), call.call_id) if tail.isdigit() else (-1, call.call_id)
+
+
+def trace_call_of(record: CallRecord) -> TraceCall:
+    try:
+        args = json.loads(record.args)
+    except ValueError:  # a preview cut short
+        args = None
+    ok = record.status == "ok"
+    return TraceCall(call_id=record.call_id, tool=record.tool, args=args if isinstance(args, dict) else None,
+                     status=record.status, result=record.result if ok else None, error=None if ok else record.result,
+                     scheduled_at=record.started_at, finished_at=record.finished_at,
+                     duration_s=seconds_between(record.started_at, record.finished_at))
+
+
+def trace_turns_of(records: list[TurnRecord], *, run: int) -> list[TraceTurn]:
+    """A run summary's turns (`RunResult.turns`) as trace turns, calls in call order; `run` as in `TraceTurn`."""
+    return [
+        TraceTurn(
+            index=record.index, run=run, status="ok", text=record.text,
+            snippets=[TraceSnippet(call_id=s.call_id, code=s.code, outcome=s.outcome, result=s.result,
+                                   calls=sorted((trace_call_of(c) for c in s.calls), key=call_order))
+                      for s in record.snippets],
+            direct_calls=[trace_call_of(c) for c in record.direct_calls],
+        )
+        for record in records
+    ]
+
+
 def trace_json(trace: RunTrace) -> str:
     """The trace as indented JSON (`codemode trace --json`)."""
     return TypeAdapter(RunTrace).dump_json(trace, indent=2).decode()
@@ -261,8 +316,10 @@ def call_line(call: TraceCall, room: int) -> str:
 
 
 class _Drawing:
-    def __init__(self, width: int) -> None:
-        self.width = max(width, 40)
+    def __init__(self, width: int, *, code_lines: int | None = None) -> None:
+        self.width = max(width, 20)
+        self.code_lines = code_lines
+        """`None`: every line of a snippet's code; else its first non-blank lines, then `…`."""
         self.lines: list[str] = []
 
     def add(self, line: str) -> None:
@@ -294,8 +351,13 @@ class _Drawing:
         gutter = inner + ("│ " if n else "  ")
         lines = snippet.code.expandtabs(4).splitlines()
         digits = len(str(len(lines)))
-        for number, text in enumerate(lines, 1):
+        numbered = list(enumerate(lines, 1))
+        if self.code_lines is not None:  # a preview: blank lines carry nothing in six lines
+            numbered = [(n, text) for n, text in numbered if text.strip()]
+        for number, text in numbered[: self.code_lines]:
             self.add(f"{gutter}{number:>{digits}}  {text.rstrip()}")
+        if self.code_lines is not None and len(numbered) > self.code_lines:
+            self.add(f"{gutter}…")
         if snippet.result:
             self.add(f"{gutter}= {_one_line(snippet.result)}")
         self.calls(snippet.calls, inner)
@@ -303,7 +365,7 @@ class _Drawing:
     def turn(self, turn: TraceTurn, final: bool) -> None:
         facts = [f for f in (turn.model_name, _seconds(turn.duration_s),
                              f"{turn.attempts} attempts" if turn.attempts > 1 else "") if f]
-        origin = "  (from the summary of an earlier run)" if turn.run < 0 else ""
+        origin = "  (from the summary of an earlier run)" if turn.run < 0 else ""  # a trace that lacks its history
         self.add(f"model turn {turn.index}" + (f"  {'  '.join(facts)}" if facts else "") + origin)
         children: list[str | TraceSnippet | TraceCall] = []
         acted = bool(turn.snippets or turn.direct_calls)
@@ -365,4 +427,25 @@ def render_trace(trace: RunTrace, *, width: int = 120) -> str:
                         f"at {_when(a.decided_at)}")
     # Notes are never cut to the width: they say what the trace is missing and why.
     drawing.lines += [f"note: {note}" for note in trace.notes]
+    return "\n".join(drawing.lines)
+
+
+def render_tree(result: RunResult, *, width: int = 100) -> str:
+    """A finished run as a tree of model turns, snippets (with the start of their code) and nested calls.
+
+    The drawing is `render_trace`'s, from what the run returned instead of its history: no headline, approvals
+    or timings of model requests (the history has those: `codemode trace RUN_ID`).
+
+    Args:
+        result: A finished run's result.
+        width: Maximum characters per line; longer lines (previews, code) end in `…`. At least 20.
+
+    """
+    drawing = _Drawing(width, code_lines=_SUMMARY_CODE_LINES)
+    turns = trace_turns_of(result.turns, run=0)
+    for i, turn in enumerate(turns):
+        drawing.turn(turn, final=i == len(turns) - 1)
+    if result.continued_as_new:
+        runs = result.continued_as_new
+        drawing.add(f"(the run continued as new {runs} time{'s' if runs != 1 else ''})")
     return "\n".join(drawing.lines)
