@@ -54,6 +54,8 @@ class RunProgress:
         self._status: str | None = None
         self._status_via: str | None = None
         """Where the status is written: "search attribute", "memo", or None (the run was not started with it)."""
+        self._owner: object | None = None
+        """The workflow instance this progress belongs to, from the moment its run starts (see `show`)."""
 
     def details(self) -> str:
         """The current details text: what waits for a person first, then where the run is."""
@@ -72,8 +74,15 @@ class RunProgress:
         return "\n".join(lines)
 
     def show(self) -> None:
-        """Publish the details, and the status when it changed."""
-        if not workflow.in_workflow():  # a coroutine finalised by the garbage collector
+        """Publish the details, and the status when it changed.
+
+        Only for this progress's own workflow instance. A worker that shuts down (or evicts a run) drops its
+        workflow instances without finishing their coroutines; the garbage collector later runs their `finally`
+        blocks, which call this, at whatever moment it collects them: outside workflow code, or inside the
+        activation of another run, even a replay of the same run. Such a call once wrote a dropped run's
+        "waiting" status into another run, an upsert the live run never made (TMPRL1100 on replay).
+        """
+        if not workflow.in_workflow() or self._owner is None or workflow.instance() is not self._owner:
             return
         workflow.set_current_details(self.details())
         status = STATUS_WAITING if self._approvals().pending else STATUS_RUNNING
@@ -102,6 +111,7 @@ class RunProgress:
     def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
             ) -> Coroutine[Any, Any, RunResult]:
         """Around the run's loop: decides whether this run is traced."""
+        self._owner = workflow.instance()
         self.telemetry = run_telemetry()
         return self.telemetry.run(coro, agent=agent, run_index=run_index)
 

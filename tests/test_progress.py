@@ -1,0 +1,76 @@
+"""A run's status is written only by its own workflow instance, never by a dropped one's leftovers.
+
+A worker that shuts down drops its cached runs without finishing their coroutines; the garbage collector runs
+their `finally` blocks later, at whatever moment it collects them, which can be inside another run's workflow
+task. There a dropped run waiting for approval used to write its status (an upsert) into the other run: a
+command the other run's code never made, so its history did not replay (TMPRL1100, "UpsertWorkflowSearch-
+AttributesMachine does not handle ..."), seen in the full suite under load. This test makes the collection
+happen at a known moment: an interceptor collects garbage each time a workflow schedules an activity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    StartLocalActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+from temporalio.workflow import ActivityHandle
+
+from durable_codemode import pending_approvals, start_run
+from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker
+
+from ._agents import items_agent
+
+
+class _CollectingOutbound(WorkflowOutboundInterceptor):
+    def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
+        gc.collect()  # finalise whatever dropped workflow instances are garbage, inside this workflow task
+        return super().start_activity(input)
+
+    def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
+        gc.collect()
+        return super().start_local_activity(input)
+
+
+class _CollectingInbound(WorkflowInboundInterceptor):
+    def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+        super().init(_CollectingOutbound(outbound))
+
+
+class _CollectGarbage(Interceptor):
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        return _CollectingInbound
+
+
+async def test_a_dropped_runs_leftovers_write_nothing_into_another_run(client: Client) -> None:
+    # A run left waiting for approval on a worker that then shuts down: its instance is dropped, not finished.
+    waiting = items_agent("progress-waiting", RunCode("await store(key='a', value=1)"), "done",
+                          requires_approval=True)
+    tq = new_task_queue()
+    async with running_worker(client, [waiting], task_queue=tq):
+        parked = await start_run(client, "progress-waiting", "go", task_queue=tq)
+        while not await pending_approvals(client, parked.id):
+            await asyncio.sleep(0.05)
+
+    # Another run, on a worker that collects garbage inside its workflow tasks.
+    other = items_agent("progress-other", RunCode("[await get(i=1), await get(i=2)]"), "done")
+    tq2 = new_task_queue()
+    async with running_worker(client, [other], task_queue=tq2, interceptors=[_CollectGarbage()]):
+        handle = await start_run(client, "progress-other", "go", task_queue=tq2)
+        assert (await handle.result()).output == "done"
+    history = await handle.fetch_history()
+    upserts = [e for e in history.events if e.event_type in (
+        EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES, EventType.EVENT_TYPE_WORKFLOW_PROPERTIES_MODIFIED)]
+    assert upserts == [], "a run that never waited for approval wrote a status"
+    await replay(handle)
+    await parked.terminate("test over")
