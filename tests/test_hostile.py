@@ -3,7 +3,8 @@
 For every program: the model gets a clear message (checked by substring), the run goes on (a second, ordinary
 snippet in the same run works), no workflow task of its chain failed, its history replays, and no sandbox
 process is left checked out. Well-behaved runs on the same worker, before, during and after, complete correctly.
-The README's "Reliability report" table is this corpus (`corpus_table()`); a test keeps the two in step.
+The "Hostile and broken programs" table of docs/reliability.md is this corpus (`corpus_table()`); a test keeps
+the two in step.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ class Hostile:
     """One program of the corpus and what the model must be told."""
 
     attempt: str
-    """What the program tries, for the README table."""
+    """What the program tries, for the table in docs/reliability.md."""
     code: str
     outcome: str
-    """The outcome category, for the README table."""
+    """The outcome category, for the table in docs/reliability.md."""
     expect: tuple[str, ...]
     """Substrings of what the model sees after the program (its `run_code` result or retry message)."""
     limits: SnippetLimits | None = None
@@ -205,7 +206,7 @@ def good_agent(name: str) -> CodeModeAgent:
 
 
 def corpus_table() -> str:
-    """The README's table of hostile programs and their outcomes."""
+    """The table of hostile programs and their outcomes in docs/reliability.md."""
     rows = ["| program | outcome (what the model sees) |", "|---|---|"]
     rows += [f"| {e.attempt} | {e.outcome} |" for e in CORPUS]
     return "\n".join(rows)
@@ -292,11 +293,11 @@ async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pyte
     assert _pool.live_sessions() == 0
 
 
-def test_readme_reliability_table_lists_the_corpus() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_reliability_page_lists_the_corpus() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "reliability.md").read_text()
     rows = corpus_table().splitlines()[2:]
-    missing = [row for row in rows if row not in readme]
-    assert not missing, "README's Reliability report lacks rows (paste tests.test_hostile.corpus_table()):\n" + (
+    missing = [row for row in rows if row not in page]
+    assert not missing, "docs/reliability.md lacks rows (paste tests.test_hostile.corpus_table()):\n" + (
         "\n".join(missing))
 
 
