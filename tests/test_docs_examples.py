@@ -113,7 +113,7 @@ RUN_COMMANDS: dict[str, int] = {
     "codemode trace RUN_ID": 0,
     "codemode history RUN_ID -o run.json --chain": 0,
     "codemode replay --history run.json": 0,
-    "codemode replay RUN_ID --worker workflows.cart": 0,
+    "codemode replay RUN_ID --worker durable_codemode.apps.workflows.cart": 0,
     "codemode watch shop-1": 3,  # exit 3: the run waits for an approval
 }
 """Commands the test runs (as the docs spell them, after shell quoting), with the exit status they must give. The
@@ -397,7 +397,8 @@ def _check_flags(what: str, args: list[str], *helps: str) -> None:
 @cache
 def _known_variables() -> str:
     """Text naming every environment variable the code reads: our sources, and `temporal options`."""
-    sources = [p.read_text() for d in ("src", "workflows", "activities") for p in (ROOT / d).rglob("*.py")]
+    sources = [p.read_text() for d in ("src", "workflows", "activities") for p in (ROOT / d).rglob("*.py")
+               if "apps" not in p.relative_to(ROOT).parts]  # src/durable_codemode/apps links to the apps
     return "\n".join([*sources, _help(temporal_cli_path(), "options")])
 
 

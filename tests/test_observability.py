@@ -134,7 +134,7 @@ r = await refund(order='A', cents=5)
 
 
 async def _task_trouble(handle: Any) -> list[str]:
-    """The run's failed and timed-out workflow tasks, to explain a duplicate (see the README's Observability)."""
+    """The run's failed and timed-out workflow tasks, to explain a duplicate (see docs/observability.md)."""
     from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 
     out = []

@@ -89,8 +89,8 @@ _MAX_CODE_CHARS = 8192
 """A snippet's code is an attribute of its span up to this many characters (the line count is always whole)."""
 
 _SDK_MISSING = ("tracing needs the OpenTelemetry SDK and Temporal's OpenTelemetry support: "
-                "`pip install opentelemetry-sdk` (and an exporter), then set the tracer provider as shown in the "
-                "README's Observability section")
+                "`pip install opentelemetry-sdk` (and an exporter), then set the tracer provider as shown in "
+                "docs/observability.md")
 
 
 def _ns(moment: datetime) -> int:

@@ -107,7 +107,7 @@ class CodeModePlugin(SimplePlugin):
 
     Args:
         tracing: also add Temporal's OpenTelemetry interceptor, so a run started inside a span is traced under it
-            and workers built from this client trace their runs (see the README's Observability section).
+            and workers built from this client trace their runs (see docs/observability.md).
 
     Example:
         ```python
@@ -143,8 +143,8 @@ def create_worker(
         repl_key: the key that seals a run's REPL when the run continues as new, so its variables survive; every
             worker of the task queue needs the same key. Default: `CODEMODE_REPL_KEY`; with neither, REPLs are
             not carried (the model is told the REPL restarted).
-        tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (the
-            README's Observability section). `None` (default): on when the client carries Temporal's
+        tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (see
+            docs/observability.md). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
             tracer provider of `temporalio.contrib.opentelemetry.create_tracer_provider()` set globally.
         worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`,
