@@ -155,6 +155,8 @@ len(over)"""
 
 DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], str]]] = {
     "Remove everything over $50 a piece": (CART_PROGRAM, lambda result: f"Removed {result['result']} lines."),
+    # docs/agents.md, per-run deps: the ticket's id shows the tool saw the run's tenant.
+    "What is open?": ("await open_tickets()", lambda result: f"Open: {', '.join(result['result'])}."),
 }
 """What `docs_model` does for each prompt the docs run: the program a model would write, and its answer."""
 

@@ -54,6 +54,13 @@ class RunInput:
     model: str | None = None
     """A pydantic-ai model string (`openai:gpt-5`, ...) overriding the agent's model for this run."""
 
+    deps: Any = None
+    """This run's `deps` (what tools, instructions and `prepare` functions see as `ctx.deps`), as the data
+    converter wrote it; `None`: the `CodeModeAgent(deps=...)` default. Carried across continue-as-new."""
+
+    deps_type: str | None = None
+    """The qualified name of `deps`'s class when it is not plain JSON, checked against the agent's `deps_type`."""
+
     continuation: Continuation | None = None
     """Set by the runtime when a run continues as new; never set it yourself."""
 
@@ -201,6 +208,8 @@ class ModelRequestInput:
     model: str | None
     messages: list[ModelMessage]
     tools: list[ToolDefinition]
+    deps: Any = None
+    """The run's deps (`RunInput.deps`), for model settings that are a function of the run context."""
 
 
 @dataclass(kw_only=True)
@@ -210,6 +219,8 @@ class ToolCallInput:
     tool: str
     args: dict[str, Any]
     call_id: str
+    deps: Any = None
+    """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
 
 
 def _size(call: CallRecord) -> int:

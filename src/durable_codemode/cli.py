@@ -318,13 +318,24 @@ def _read_messages(path: str | None) -> list[Any]:
     return data
 
 
+def _read_deps(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise CodeModeUserError(f"--deps-json is not JSON ({e}): give the deps as a JSON value, e.g. "
+                                "--deps-json '{\"tenant\": \"acme\"}'") from e
+
+
 async def _run(args: argparse.Namespace) -> int:
     messages = _read_messages(args.messages)
     validate_run_input(args.agent, args.prompt, messages)  # before connecting: a bad input never needs a server
+    deps = _read_deps(args.deps_json)
     client = await connect()
     try:
         handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
-                                 model=args.model, message_history=messages)
+                                 model=args.model, message_history=messages, deps=deps)
     except RPCError as e:
         raise CodeModeUserError(
             f"the server at {_address(client)} refused to start the run: {e.message}"
@@ -636,6 +647,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "finish; stop (exit 3) if the run waits for approval")
     run.add_argument("--messages", metavar="FILE", help="continue a conversation: a JSON list of pydantic-ai "
                      "messages (PROMPT may then be empty if the last one is a request)")
+    run.add_argument("--deps-json", metavar="JSON", help="the run's deps as JSON (e.g. '{\"tenant\": \"acme\"}'), "
+                     "rebuilt by the worker as the agent's deps_type")
     run.set_defaults(handler=_run)
 
     watch = commands.add_parser("watch", help="follow a run live until it ends or waits for approval",

@@ -9,18 +9,20 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
+from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
-from .._errors import InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
+from .._errors import CodeModeUserError, InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
 from .._types import RunInput, RunResult
+from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
 from ._visibility import lacks_search_attributes, start_options
 
-__all__ = ["DEFAULT_ANSWER_TIMEOUT", "decide", "decide_all", "pending_approvals", "run_agent", "start_run",
-           "validate_run_input"]
+__all__ = ["DEFAULT_ANSWER_TIMEOUT", "MAX_DEPS_BYTES", "decide", "decide_all", "deps_for_run", "pending_approvals",
+           "run_agent", "start_run", "validate_run_input"]
 
 DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
 """How long a query or a decision waits for a worker of the run to answer before `WorkerUnavailableError`."""
@@ -82,36 +84,87 @@ async def _on_run(client: Client, run_id: str, call: Awaitable[_T], timeout: tim
             "recorded: start a worker that serves the run's agent on its task queue, then decide again") from e
 
 
+MAX_DEPS_BYTES = 64 * 1024
+"""The most a run's deps may be, as JSON: they travel in the run's input and with every model request and tool
+call (each an activity whose input is recorded), so they are ids and settings, not data."""
+
+_JSON_TYPES = (dict, list, str, int, float, bool)
+
+
+def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) -> tuple[Any, str | None]:
+    """`deps` checked for a run: `(deps, the qualified name of its class when it is not plain JSON)`.
+
+    Raises:
+        InvalidRunInputError: the data converter cannot serialize them, they are over `MAX_DEPS_BYTES`, or (with
+            the `agent` object) they are not of the agent's `deps_type`.
+
+    """
+    if deps is None:
+        return None, None
+    kind = type(deps)
+    try:
+        payloads = client.data_converter.payload_converter.to_payloads([deps])
+    except Exception as e:
+        raise InvalidRunInputError(
+            f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({e}); pass a "
+            "dataclass, a pydantic BaseModel, a TypedDict or plain JSON values") from e
+    size = sum(len(p.data) for p in payloads)
+    if size > MAX_DEPS_BYTES:
+        raise InvalidRunInputError(
+            f"deps are {size:,} bytes as JSON, over {MAX_DEPS_BYTES:,}: they travel with every model request and "
+            "tool call of the run, so pass ids and settings and let a tool fetch the data")
+    type_name = None if isinstance(deps, _JSON_TYPES) else f"{kind.__module__}.{kind.__qualname__}"
+    if agent is not None:
+        try:
+            agent.run_deps(to_jsonable_python(deps), type_name=type_name)
+        except CodeModeUserError as e:
+            raise InvalidRunInputError(str(e)) from e
+    return deps, type_name
+
+
 async def start_run(
     client: Client,
-    agent: str,
+    agent: str | CodeModeAgent,
     prompt: str,
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
     message_history: Sequence[ModelMessage] = (),
+    deps: Any = None,
     run_id: str | None = None,
 ) -> WorkflowHandle[CodeModeRunWorkflow, RunResult]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
 
     Args:
         client: from `durable_codemode.connect()`.
-        agent: the agent's name, as served by a worker on `task_queue`.
+        agent: the agent's name, as served by a worker on `task_queue`; or the `CodeModeAgent` itself, which also
+            checks `deps` against its `deps_type` here, before anything starts.
         prompt: the user's prompt; may be empty only when `message_history` ends with a request.
         task_queue: the workers' task queue.
         model: a pydantic-ai model string overriding the agent's model for this run.
         message_history: earlier messages to continue a conversation.
+        deps: this run's deps, as in `Agent.run(deps=...)`: `ctx.deps` of its tools (in the sandbox and native),
+            dynamic instructions and `prepare` functions. A dataclass, pydantic model, TypedDict or plain JSON,
+            at most `MAX_DEPS_BYTES` as JSON; recorded in the run's input and carried across continue-as-new.
+            `None`: the agent's `CodeModeAgent(deps=...)` default. The worker rebuilds them as the agent's
+            `deps_type` and fails the run at its first step, naming both types, if they are of another type.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
 
     Raises:
-        InvalidRunInputError: an empty agent name or prompt, or a malformed message history; nothing started.
+        InvalidRunInputError: an empty agent name or prompt, a malformed message history, or deps that cannot be
+            serialized, are too large or (given the agent) of the wrong type; nothing started.
 
     A run naming an agent that no worker on `task_queue` serves fails at once (its first step asks the worker to
     describe the agent), with the worker's "no agent named ..." message as the failure.
 
     """
-    prompt_or_none, history = validate_run_input(agent, prompt, message_history)
-    run_input = RunInput(agent=agent, prompt=prompt_or_none, model=model, message_history=history)
+    agent_object = agent if isinstance(agent, CodeModeAgent) else None
+    name = agent.name if isinstance(agent, CodeModeAgent) else agent
+    prompt_or_none, history = validate_run_input(name, prompt, message_history)
+    run_deps, deps_type = deps_for_run(client, deps, agent_object)
+    agent = name
+    run_input = RunInput(agent=agent, prompt=prompt_or_none, model=model, message_history=history, deps=run_deps,
+                         deps_type=deps_type)
     workflow_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -125,17 +178,18 @@ async def start_run(
 
 async def run_agent(
     client: Client,
-    agent: str,
+    agent: str | CodeModeAgent,
     prompt: str,
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
     message_history: Sequence[ModelMessage] = (),
+    deps: Any = None,
     run_id: str | None = None,
 ) -> RunResult:
     """Start an agent run and wait for its result (see `start_run` for the arguments)."""
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
-                             message_history=message_history, run_id=run_id)
+                             message_history=message_history, deps=deps, run_id=run_id)
     return await handle.result()
 
 

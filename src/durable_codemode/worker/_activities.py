@@ -89,10 +89,10 @@ class CodeModeActivities:
         return [self.describe_agent, self.model_request, self.seal_repl, self.run_tool]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
-    async def describe_agent(self, name: str) -> AgentSpec:
-        """Record the agent's spec at the start of a run."""
+    async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None) -> AgentSpec:
+        """Record the agent's spec at the start of a run (with its deps: dynamic instructions and tools see them)."""
         try:
-            spec = await self.agent(name).describe()
+            spec = await self.agent(name).describe(deps, deps_type=deps_type)
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:
@@ -112,7 +112,8 @@ class CodeModeActivities:
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
         """One request to the agent's model (or the run's override), heartbeating while it waits."""
         try:
-            return await heartbeating(self.agent(input.agent).request(input.model, input.messages, input.tools))
+            return await heartbeating(self.agent(input.agent).request(input.model, input.messages, input.tools,
+                                                                      deps=input.deps))
         except (CodeModeUserError, UserError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
@@ -137,7 +138,8 @@ class CodeModeActivities:
         with bind_call(ctx):
             try:
                 result = await heartbeating(
-                    agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt))
+                    agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt,
+                                    deps=payload.deps))
             except _TRANSIENT as e:
                 raise ApplicationError(_message(e), type=type(e).__name__) from e
             except ValidationError as e:

@@ -7,11 +7,13 @@ sandbox may call, their activity options, the snippet limits, and the environmen
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
@@ -29,6 +31,18 @@ from .._stubs import render_stubs, run_code_tool_definition
 from .._types import AgentSpec, ToolSpec
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
+
+@functools.cache
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(kind)
+
+
+def _qualified_name(kind: Any) -> str | None:
+    """`module.QualName` of a class (what `start_run` records of a deps value), `None` for other types."""
+    if not isinstance(kind, type):
+        return None
+    return f"{kind.__module__}.{kind.__qualname__}"
+
 
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
@@ -113,11 +127,44 @@ class CodeModeAgent:
 
     # -- tools ------------------------------------------------------------------------------------------------
 
+    @property
+    def deps_type(self) -> Any:
+        """The agent's `deps_type` (pydantic-ai's default, `NoneType`, when it declares none)."""
+        return self.agent.deps_type
+
+    def run_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
+        """A run's deps as its tools see them: `raw` (what the data converter decoded) rebuilt as `deps_type`.
+
+        `None` means the run gave none: the `CodeModeAgent(deps=...)` default. An agent without a `deps_type`
+        gets the value as decoded (plain JSON).
+
+        Raises:
+            CodeModeUserError: the deps are of another type than the agent's `deps_type`, or do not validate as
+                it (the message names both).
+
+        """
+        if raw is None:
+            return self.deps
+        expected = self.deps_type
+        if expected is type(None) or expected is Any:
+            return raw
+        wanted = _qualified_name(expected)
+        if type_name is not None and wanted is not None and type_name != wanted:
+            raise CodeModeUserError(
+                f"agent {self.name!r} takes deps of type {wanted} (its deps_type), but the run was started with "
+                f"deps of type {type_name}: pass a {getattr(expected, '__name__', wanted)} as start_run(deps=...)")
+        try:
+            return _adapter(expected).validate_python(raw)
+        except ValidationError as e:
+            raise CodeModeUserError(
+                f"the run's deps do not validate as {wanted or expected!r}, the deps_type of agent {self.name!r}: "
+                f"{e.error_count()} error(s), first: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from e
+
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
-                     attempt: int = 1) -> RunContext[Any]:
+                     attempt: int = 1, deps: Any = None) -> RunContext[Any]:
         model = self.agent.model
         return RunContext(
-            deps=self.deps,
+            deps=self.deps if deps is None else deps,
             model=model if isinstance(model, Model) else infer_model(model or "test"),
             usage=RunUsage(),
             tool_name=tool_name,
@@ -125,23 +172,33 @@ class CodeModeAgent:
             retry=attempt - 1,
         )
 
-    async def tools(self) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
-        """The agent's tools by name, with the toolset that runs each; read once per worker."""
+    async def tools(
+        self, ctx: RunContext[Any] | None = None
+    ) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
+        """The agent's tools by name, with the toolset that runs each.
+
+        With a run's context (its deps), as that run sees them: `prepare` functions may depend on the deps. Without,
+        with the default deps, read once per worker.
+        """
+        if ctx is not None:
+            return await self._read_tools(ctx)
         if self._tools is None:
-            ctx = self._run_context()
-            found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
-            for toolset in self.agent.toolsets:
-                for tool_name, tool in (await toolset.get_tools(ctx)).items():
-                    found[tool_name] = (toolset, tool)
-            if RUN_CODE_TOOL in found and self.code_mode:
-                raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
-                                        "mode gives its own tool: rename it")
-            unknown = sorted(set(self._tool_options) - set(found))
-            if unknown:
-                raise CodeModeUserError(f"tool_options of agent {self.name!r} name tools it does not have: "
-                                        f"{unknown}; its tools are {sorted(found)}")
-            self._tools = found
+            self._tools = await self._read_tools(self._run_context())
         return self._tools
+
+    async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
+        found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
+        for toolset in self.agent.toolsets:
+            for tool_name, tool in (await toolset.get_tools(ctx)).items():
+                found[tool_name] = (toolset, tool)
+        if RUN_CODE_TOOL in found and self.code_mode:
+            raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
+                                    "mode gives its own tool: rename it")
+        unknown = sorted(set(self._tool_options) - set(found))
+        if unknown:
+            raise CodeModeUserError(f"tool_options of agent {self.name!r} name tools it does not have: "
+                                    f"{unknown}; its tools are {sorted(found)}")
+        return found
 
     def options_for(self, tool: ToolDefinition) -> ToolOptions:
         """The options of `tool`: its `tool_options` entry, else its metadata, else the defaults."""
@@ -183,8 +240,12 @@ class CodeModeAgent:
 
     # -- activity bodies --------------------------------------------------------------------------------------
 
-    async def describe(self) -> AgentSpec:
-        """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment."""
+    async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None) -> AgentSpec:
+        """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
+
+        Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`).
+        """
+        deps = self.run_deps(raw_deps, type_name=deps_type)
         captured: dict[str, Any] = {}
 
         def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -194,8 +255,8 @@ class CodeModeAgent:
 
         # Asking pydantic-ai what it would send the model resolves static and dynamic instructions exactly as
         # an ordinary run does, using only its public API.
-        await self.agent.run("", model=FunctionModel(capture), deps=self.deps)
-        tools = await self.tools()
+        await self.agent.run("", model=FunctionModel(capture), deps=deps)
+        tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
         specs: list[ToolSpec] = []
         sandbox_defs: list[ToolDefinition] = []
         native_defs: list[ToolDefinition] = []
@@ -235,16 +296,17 @@ class CodeModeAgent:
         return chosen if isinstance(chosen, Model) else infer_model(chosen)
 
     async def request(self, override: str | None, messages: list[ModelMessage],
-                      tools: list[ToolDefinition]) -> ModelResponse:
-        """One model request with the recorded tool definitions."""
+                      tools: list[ToolDefinition], *, deps: Any = None) -> ModelResponse:
+        """One model request with the recorded tool definitions (`deps`: the run's, as recorded)."""
         model = self.resolve_model(override)
         params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
         settings = self.agent.model_settings
         if callable(settings):  # per-run settings from a function of the run context
-            settings = settings(self._run_context())
+            settings = settings(self._run_context(deps=self.run_deps(deps)))
         return await model.request(messages, settings, params)
 
-    async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int) -> Any:
+    async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
+                        deps: Any = None) -> Any:
         """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
 
         Raises:
@@ -252,11 +314,12 @@ class CodeModeAgent:
             ValueError: the arguments do not match the tool's schema (a pydantic `ValidationError`).
 
         """
-        tools = await self.tools()
+        run_deps = self.run_deps(deps)
+        tools = await self.tools(self._run_context(deps=run_deps)) if deps is not None else await self.tools()
         if tool_name not in tools:
             raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
         toolset, tool = tools[tool_name]
-        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt)
+        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
         validated = tool.args_validator.validate_python(args)
         return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
 

@@ -113,6 +113,7 @@ class CodeModeRunWorkflow:
 
     def __init__(self) -> None:
         self._spec: AgentSpec | None = None
+        self._deps: Any = None
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
 
@@ -182,7 +183,7 @@ class CodeModeRunWorkflow:
         if cont is None:
             spec = await workflow.execute_local_activity(
                 DESCRIBE_AGENT_ACTIVITY,
-                input.agent,
+                args=[input.agent, input.deps, input.deps_type],
                 result_type=AgentSpec,
                 start_to_close_timeout=_DESCRIBE_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
@@ -190,6 +191,7 @@ class CodeModeRunWorkflow:
             )
             cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
         self._spec = spec = cont.spec
+        self._deps = input.deps
         self._approvals = Approvals(cont.approvals)
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
@@ -231,7 +233,8 @@ class CodeModeRunWorkflow:
             index = len(turns)
             response = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
-                ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools),
+                ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools,
+                                  deps=input.deps),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
@@ -380,7 +383,7 @@ class CodeModeRunWorkflow:
         }
         if spec.heartbeat_timeout is not None and not spec.local:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
-        payload = ToolCallInput(tool=tool, args=args, call_id=call_id)
+        payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps)
         started = workflow.now()
         status: Any = "ok"
         try:
@@ -458,6 +461,8 @@ class CodeModeRunWorkflow:
             agent=input.agent,
             message_history=messages,
             model=input.model,
+            deps=input.deps,
+            deps_type=input.deps_type,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl),
         ))

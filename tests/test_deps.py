@@ -1,0 +1,169 @@
+"""Per-run deps, as in `Agent.run(deps=...)`.
+
+Tools in the sandbox and native tools, dynamic instructions and `prepare` functions see `ctx.deps` of their own
+run; deps are checked when the run starts and carried across continue-as-new.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelRequest
+from pydantic_ai.tools import ToolDefinition
+from temporalio.client import Client, WorkflowFailureError
+
+from durable_codemode import CodeModeAgent, InvalidRunInputError, SnippetLimits, start_run
+from durable_codemode.testing import (
+    CallTool,
+    RunCode,
+    last_result,
+    new_task_queue,
+    replay,
+    running_worker,
+    scripted_model,
+)
+
+
+@dataclass
+class Tenant:
+    tenant: str
+    region: str = "eu"
+
+
+@dataclass
+class Other:
+    tenant: str
+
+
+def _instructions(messages: list[ModelMessage]) -> str:
+    return next(m.instructions or "" for m in reversed(messages) if isinstance(m, ModelRequest))
+
+
+def tenant_agent(name: str, *steps: Any, default: Tenant | None = None, **options: Any) -> CodeModeAgent:
+    """Sandbox tools and a native tool that read `ctx.deps`, dynamic instructions, and a tool `prepare` hides."""
+    agent = Agent(scripted_model(*steps), name=name, deps_type=Tenant)
+
+    @agent.instructions
+    def who(ctx: RunContext[Tenant]) -> str:
+        return f"You work for tenant {ctx.deps.tenant} in {ctx.deps.region}."
+
+    @agent.tool
+    def lookup(ctx: RunContext[Tenant], i: int) -> str:
+        """An item of the run's tenant."""
+        return f"{ctx.deps.tenant}/{ctx.deps.region}/{i}"
+
+    @agent.tool(metadata={"codemode": {"in_sandbox": False}})
+    def whoami(ctx: RunContext[Tenant]) -> str:
+        """The run's tenant (a native tool the model calls directly)."""
+        return ctx.deps.tenant
+
+    async def only_in_us(ctx: RunContext[Tenant], tool: ToolDefinition) -> ToolDefinition | None:
+        return tool if ctx.deps.region == "us" else None
+
+    @agent.tool(prepare=only_in_us)
+    def us_only(ctx: RunContext[Tenant]) -> str:
+        """Exists only for tenants in the us region."""
+        return "us"
+
+    return CodeModeAgent(agent, deps=default, **options)
+
+
+def _answer(messages: list[ModelMessage]) -> str:
+    return json.dumps({"result": last_result(messages), "instructions": _instructions(messages)})
+
+
+async def test_each_run_sees_its_own_deps_everywhere(client: Client) -> None:
+    code = "import asyncio\nawait asyncio.gather(*(lookup(i=i) for i in range(3)))"
+    agent = tenant_agent("deps-tenants", RunCode(code), CallTool("whoami", {}), RunCode("await us_only()"), _answer)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        acme = await start_run(client, "deps-tenants", "go", task_queue=tq, deps=Tenant("acme"))
+        globex = await start_run(client, agent, "go", task_queue=tq, deps=Tenant("globex", region="us"))
+        results = [await acme.result(), await globex.result()]
+    acme_result, globex_result = results
+    out = json.loads(acme_result.output)
+    assert "You work for tenant acme in eu." in out["instructions"]
+    assert [c.result for t in acme_result.turns for c in t.direct_calls] == ["acme"]
+    snippets = [s for t in acme_result.turns for s in t.snippets]
+    assert json.loads(snippets[0].result)["result"] == ["acme/eu/0", "acme/eu/1", "acme/eu/2"]
+    assert json.loads(globex_result.output)["instructions"].startswith("You work for tenant globex in us.")
+    globex_snippets = [s for t in globex_result.turns for s in t.snippets]
+    assert json.loads(globex_snippets[0].result)["result"] == ["globex/us/0", "globex/us/1", "globex/us/2"]
+    # `prepare` saw the deps: the us-only tool exists for the us tenant's program only.
+    assert snippets[1].outcome == "rejected" and "us_only" in snippets[1].result
+    assert globex_snippets[1].outcome == "ok" and json.loads(globex_snippets[1].result)["result"] == "us"
+    await replay(acme)
+    await replay(globex)
+
+
+async def test_deps_survive_continue_as_new(client: Client) -> None:
+    agent = tenant_agent("deps-chain", RunCode("a = await lookup(i=1)"), RunCode("[a, await lookup(i=2)]"), _answer,
+                         limits=SnippetLimits(max_snippets_per_run=1))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq, repl_key="deps-test-key"):  # the REPL is carried
+        handle = await start_run(client, "deps-chain", "go", task_queue=tq, deps=Tenant("initech"))
+        result = await handle.result()
+    assert result.continued_as_new >= 1
+    out = json.loads(result.output)
+    assert out["result"]["result"] == ["initech/eu/1", "initech/eu/2"]
+    assert "initech" in out["instructions"]
+    await replay(handle)
+
+
+async def test_the_agents_default_deps_serve_runs_that_pass_none(client: Client) -> None:
+    agent = tenant_agent("deps-default", RunCode("await lookup(i=7)"), _answer, default=Tenant("fallback"))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "deps-default", "go", task_queue=tq)
+        result = await handle.result()
+    assert json.loads(result.output)["result"]["result"] == "fallback/eu/7"
+    await replay(handle)
+
+
+async def test_deps_of_another_type_are_refused_naming_both_types(client: Client) -> None:
+    agent = tenant_agent("deps-wrong", RunCode("await lookup(i=1)"), _answer)
+    tq = new_task_queue()
+    # Given the agent, the client refuses before anything starts.
+    with pytest.raises(InvalidRunInputError, match=r"deps of type \S*test_deps\.Tenant .*of type \S*test_deps\.Other"):
+        await start_run(client, agent, "go", task_queue=tq, deps=Other("acme"))
+    # Given only its name, the run fails at its first step, with the same message and no retry.
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "deps-wrong", "go", task_queue=tq, deps=Other("acme"))
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "test_deps.Tenant" in str(failed.value.cause.cause) and "test_deps.Other" in str(failed.value.cause.cause)
+    await replay(handle)
+
+
+async def test_deps_that_cannot_be_serialized_or_are_too_large_start_nothing(client: Client) -> None:
+    with pytest.raises(InvalidRunInputError, match=r"cannot be serialized.*dataclass, a pydantic BaseModel"):
+        await start_run(client, "deps-any", "go", task_queue=new_task_queue(), deps=threading.Lock())
+    with pytest.raises(InvalidRunInputError, match=r"bytes as JSON, over 65,536"):
+        await start_run(client, "deps-any", "go", task_queue=new_task_queue(), deps={"blob": "x" * 70_000})
+
+
+async def test_codemode_run_takes_deps_as_json(client: Client) -> None:
+    agent = tenant_agent("deps-cli", RunCode("await lookup(i=3)"), _answer)
+    tq = new_task_queue()
+    env = dict(os.environ, TEMPORAL_ADDRESS=client.service_client.config.target_host)
+    async with running_worker(client, [agent], task_queue=tq):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "durable_codemode.cli", "run", "deps-cli", "go", "--task-queue", tq, "--json",
+            "--deps-json", '{"tenant": "hooli", "region": "us"}', env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert json.loads(json.loads(out)["output"])["result"]["result"] == "hooli/us/3"
+    bad = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_codemode.cli", "run", "deps-cli", "go", "--deps-json", "{tenant", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, bad_err = await bad.communicate()
+    assert bad.returncode == 2 and "--deps-json is not JSON" in bad_err.decode()
