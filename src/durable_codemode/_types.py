@@ -103,6 +103,9 @@ class AgentSpec:
     limits: SnippetLimits
     env: dict[str, str]
     """Environment variables the sandbox may read: the agent's allow-list, valued when the run started."""
+    system_prompts: list[str] = field(default_factory=list)
+    """The agent's system prompts (`system_prompt=` and `@agent.system_prompt` functions, given the run's deps),
+    put at the start of a new conversation as pydantic-ai does; runs recorded before the field read none."""
     sandbox_guards: bool = False
     """Whether the sandbox's guards (`_guards`) act in this run. Recorded, so the choice is part of the run:
     every run started now records `True`; a run recorded before the field existed reads `False` and replays as it

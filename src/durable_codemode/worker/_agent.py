@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import ToolDefinition
@@ -250,10 +250,13 @@ class CodeModeAgent:
 
         def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             captured["instructions"] = info.instructions
+            captured["system_prompts"] = [part.content for message in messages if isinstance(message, ModelRequest)
+                                          for part in message.parts if isinstance(part, SystemPromptPart)]
             captured["model_settings"] = info.model_settings
             return ModelResponse(parts=[TextPart("(describing the agent)")])
 
-        # Asking pydantic-ai what it would send the model resolves static and dynamic instructions exactly as
+        # Asking pydantic-ai what it would send the model resolves static and dynamic instructions (and system
+        # prompts, static and from `@agent.system_prompt` functions, with the run's deps) exactly as
         # an ordinary run does, using only its public API.
         await self.agent.run("", model=FunctionModel(capture), deps=deps)
         tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
@@ -278,6 +281,7 @@ class CodeModeAgent:
             agent=self.name,
             model_name=model.model_name if isinstance(model, Model) else str(model),
             instructions=captured.get("instructions"),
+            system_prompts=captured.get("system_prompts", []),
             code_mode=self.code_mode,
             model_tools=model_tools,
             tools=specs,

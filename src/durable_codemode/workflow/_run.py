@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ModelResponse,
         RetryFeedbackPart,
         RetryInfo,
+        SystemPromptPart,
         TextPart,
         ToolCallPart,
         ToolRetryCause,
@@ -196,7 +197,10 @@ class CodeModeRunWorkflow:
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
             now = workflow.now()
-            messages.append(ModelRequest(parts=[UserPromptPart(input.prompt, timestamp=now)],
+            # As pydantic-ai does: system prompts open a new conversation, not one continued from a history.
+            system: list[ModelRequestPart] = ([SystemPromptPart(p, timestamp=now) for p in spec.system_prompts]
+                                              if not messages and input.continuation is None else [])
+            messages.append(ModelRequest(parts=[*system, UserPromptPart(input.prompt, timestamp=now)],
                                          instructions=spec.instructions, timestamp=now))
         if not messages or not isinstance(messages[-1], ModelRequest):
             raise ApplicationError(

@@ -1,0 +1,57 @@
+"""System prompts reach the model as in `agent.run()`: static and from `@agent.system_prompt`, with the run's deps.
+
+They were once dropped without a word: the durable run's first request carried only the user's prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from temporalio.client import Client
+
+from durable_codemode import CodeModeAgent, start_run
+from durable_codemode.testing import new_task_queue, replay, running_worker
+
+
+@dataclass
+class User:
+    name: str
+
+
+def _agent(seen: list[list[str]]) -> Agent[User, str]:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append([p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts
+                     if isinstance(p, SystemPromptPart)])
+        return ModelResponse(parts=[TextPart("hello")])
+
+    agent = Agent(FunctionModel(model), name="greeter", deps_type=User, system_prompt="Be brief.")
+
+    @agent.system_prompt
+    def whom(ctx: RunContext[User]) -> str:
+        return f"The user is {ctx.deps.name}."
+
+    return agent
+
+
+async def test_system_prompts_open_a_new_conversation_as_in_agent_run(client: Client) -> None:
+    history = [ModelRequest(parts=[UserPromptPart("earlier")]), ModelResponse(parts=[TextPart("ok")])]
+    plain: list[list[str]] = []
+    await _agent(plain).run("hi", deps=User("ana"))
+    await _agent(plain).run("hi again", deps=User("ana"), message_history=history)
+    assert plain == [["Be brief.", "The user is ana."], []]
+
+    durable: list[list[str]] = []
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(_agent(durable))], task_queue=tq):
+        handle = await start_run(client, "greeter", "hi", task_queue=tq, deps=User("ana"))
+        assert (await handle.result()).output == "hello"
+        # A conversation continued from a history gets none, as with agent.run(message_history=...).
+        continued = await start_run(client, "greeter", "hi again", task_queue=tq, deps=User("ana"),
+                                    message_history=history)
+        await continued.result()
+    assert durable == plain
+    await replay(handle)
+    await replay(continued)
