@@ -39,3 +39,22 @@ def test_public_api() -> None:
     )
     for name in durable_codemode.__all__:
         assert getattr(durable_codemode, name) is not None
+
+
+def test_the_pydantic_ai_surface_we_read_is_there() -> None:
+    """The pydantic-ai attributes `CodeModeAgent` reads (one private), so an upgrade that moves them fails here."""
+    from dataclasses import dataclass
+
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import Hooks
+
+    @dataclass
+    class Deps:
+        tenant: str
+
+    plain = Agent("test", deps_type=Deps)
+    assert plain.deps_type is Deps
+    assert plain._output_validators == []
+    built_in = {type(c) for c in plain.root_capability.capabilities}  # type: ignore[attr-defined]
+    hooked = Agent("test", capabilities=[Hooks()])
+    assert {type(c) for c in hooked.root_capability.capabilities} - built_in == {Hooks}  # type: ignore[attr-defined]

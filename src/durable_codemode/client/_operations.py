@@ -1,4 +1,4 @@
-"""Starting runs from a Temporal client."""
+"""What a Temporal client does to a run: start it (with its deps), list what waits for a person, decide."""
 
 from __future__ import annotations
 
@@ -158,22 +158,20 @@ async def start_run(
     describe the agent), with the worker's "no agent named ..." message as the failure.
 
     """
-    agent_object = agent if isinstance(agent, CodeModeAgent) else None
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
     prompt_or_none, history = validate_run_input(name, prompt, message_history)
-    run_deps, deps_type = deps_for_run(client, deps, agent_object)
-    agent = name
-    run_input = RunInput(agent=agent, prompt=prompt_or_none, model=model, message_history=history, deps=run_deps,
+    run_deps, deps_type = deps_for_run(client, deps, agent if isinstance(agent, CodeModeAgent) else None)
+    run_input = RunInput(agent=name, prompt=prompt_or_none, model=model, message_history=history, deps=run_deps,
                          deps_type=deps_type)
-    workflow_id = run_id or f"{agent}-{uuid.uuid4().hex[:12]}"
+    workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
-                                           task_queue=task_queue, **start_options(client, agent))
+                                           task_queue=task_queue, **start_options(client, name))
     except RPCError as e:
         if not lacks_search_attributes(client, e):  # then the memo carries agent and status (_visibility)
             raise
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
-                                           task_queue=task_queue, **start_options(client, agent))
+                                           task_queue=task_queue, **start_options(client, name))
 
 
 async def run_agent(

@@ -32,6 +32,27 @@ from .._types import AgentSpec, ToolSpec
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
 
+
+@functools.cache
+def _built_in_capabilities() -> frozenset[type[Any]]:
+    """The capability types every pydantic-ai agent has by default (what `Agent(model)` alone carries)."""
+    return frozenset(type(c) for c in _capabilities(Agent("test")))
+
+
+def _capabilities(agent: Agent[Any, Any]) -> list[Any]:
+    root = agent.root_capability
+    return list(getattr(root, "capabilities", [root]))
+
+
+def _unsupported(agent: Agent[Any, Any]) -> list[str]:
+    """What `agent` declares that a durable run would not apply, by name (refused, never silently dropped)."""
+    found = [f"capabilities ({', '.join(type(c).__name__ for c in extra)})"
+             for extra in [[c for c in _capabilities(agent) if type(c) not in _built_in_capabilities()]] if extra]
+    if agent._output_validators:  # pinned by tests/test_compat.py
+        found.append(f"output validators ({len(agent._output_validators)})")
+    return found
+
+
 @functools.cache
 def _adapter(kind: Any) -> TypeAdapter[Any]:
     return TypeAdapter(kind)
@@ -95,11 +116,13 @@ class CodeModeAgent:
             limits: Bounds on each snippet and on the run; recorded when a run starts.
             env_allowlist: Environment variables the sandbox may read (`os.getenv`); their values are read on
                 the worker when a run starts and recorded. Every other variable reads as unset.
-            deps: The `deps` value tools receive in their `RunContext`, if they take one.
+            deps: The default deps (`ctx.deps` of tools, instructions and `prepare` functions) for runs started
+                without `start_run(deps=...)`.
 
         Raises:
-            CodeModeUserError: on an agent without a name, an unsupported output type, or options for a tool
-                name that does not exist (checked when the worker starts).
+            CodeModeUserError: on an agent without a name, an unsupported output type, capabilities or output
+                validators (not applied by a durable run yet), or options for a tool name that does not exist
+                (checked when the worker starts).
 
         """
         resolved = name or agent.name
@@ -111,6 +134,12 @@ class CodeModeAgent:
                 f"agent {resolved!r} has output type {agent.output_type!r}; durable-codemode supports `str` output "
                 "only for now: have the model answer in text (or return JSON from a final run_code call)"
             )
+        unsupported = _unsupported(agent)
+        if unsupported:
+            raise CodeModeUserError(
+                f"agent {resolved!r} declares {' and '.join(unsupported)}, which a durable run does not apply yet "
+                "(its run loop is durable-codemode's own, not pydantic-ai's): remove them from the agent, or run "
+                "it with agent.run()")
         self.agent = agent
         self.name = resolved
         self.code_mode = code_mode
