@@ -252,14 +252,28 @@ def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypat
 
 
 async def test_current_details_follow_a_gather(client: Client) -> None:
-    code = "import asyncio\nawait asyncio.gather(*(slow(seconds=s / 2) for s in range(1, 5)))"
+    # Each call waits for the test to open its gate, so every state below holds until the test moves on: the
+    # test once raced `slow` calls 0.5 s apart and had to query inside each half-second window.
+    gates = [asyncio.Event() for _ in range(4)]
+    agent = Agent(scripted_model(RunCode("import asyncio\nawait asyncio.gather(*(gated(n=n) for n in range(4)))"),
+                                 "done"), name="details-shop")
+
+    @agent.tool_plain
+    async def gated(n: int) -> str:
+        """Answer once the test opens gate n."""
+        await gates[n].wait()
+        return f"gate {n} open"
+
     tq = new_task_queue()
-    async with running_worker(client, [shop_agent("details-shop", RunCode(code), "done", refunds=[])],
-                              task_queue=tq):
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
         handle = await start_run(client, "details-shop", "go", task_queue=tq)
         assert await eventually_details(handle, "running: 4 calls in flight, 0 done") == (
             "model turn 0: snippet call_0 running: 4 calls in flight, 0 done")
+        gates[0].set()
+        gates[1].set()
         assert await eventually_details(handle, "2 calls in flight, 2 done")
+        gates[2].set()
+        gates[3].set()
         assert await eventually_details(handle, "model turn 1") == "model turn 1"
         await handle.result()
     await replay(handle)
