@@ -173,10 +173,12 @@ async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> N
         assert rc == 1 and "no call 'call_0.7' is waiting" in err
         rc, out, err = await _codemode(address, "approve", handle.id, "call_0.0", "--note", "fine")
         assert rc == 0 and "approved call_0.0" in out, err
-        for _ in range(100):  # let the approved refund finish before the denial ends the program
+        for _ in range(600):  # up to 30 s: the approved refund must run before the denial ends the program
             if refunds:
                 break
             await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the approved refund never ran")  # not a silent go-ahead into a wrong result
         rc, out, err = await _codemode(address, "deny", handle.id, "--all", "--note", "duplicate order",
                                        "--approver", "cy")
         assert rc == 0 and "denied call_0.1" in out, err
