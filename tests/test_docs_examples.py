@@ -66,7 +66,7 @@ from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_codemode import CodeModeAgent, ToolOptions, pending_approvals, start_run, temporal_cli_path
+from durable_codemode import CodeModeAgent, ToolOptions, _pool, pending_approvals, start_run, temporal_cli_path
 from durable_codemode.cli import run_cli
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
 from durable_codemode.testing import RunCode, last_result, running_worker, scripted_model
@@ -775,6 +775,12 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
     ns: dict[str, Any] = module.__dict__
     ns.update(docs_model=DOCS_MODEL, docs_span_exporter=exporter, docs_payload_dir=str(docs_env / "payloads"))
     background: list[asyncio.Task[Any]] = []
+    if "PoolSettings(" in page.read_text():
+        # In a user's process the first worker starts the Monty pool with the PoolSettings it is given; here earlier
+        # tests started it (at the machine's default size, 4 per CPU: 4 on one core), and a running pool keeps its
+        # size. Stop it so the page's settings apply as they would for the user.
+        assert _pool.live_sessions() == 0
+        _pool.shutdown_pool()
     try:
         for block in blocks_of(page):
             rule = rule_of(block)
