@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -36,8 +37,16 @@ class InstalledWheel:
         """Run the environment's Python (or, with args[0] == 'codemode', its console script) in `cwd`."""
         command = ([str(self.python.parent / "codemode"), *args[1:]] if args[0] == "codemode"
                    else [str(self.python), *args])
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env={**_clean_env(), **(env or {})})
+        # Its own process group: on a timeout the dev server the demo started goes too, not only the demo.
+        proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**_clean_env(), **(env or {})}, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"{command} did not finish in {timeout} s:\n{out}\n{err}") from None
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def _clean_env() -> dict[str, str]:
