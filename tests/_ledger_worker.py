@@ -29,7 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
+from pydantic_ai.messages import ModelMessage
 from temporalio import activity
 from temporalio.common import RetryPolicy
 
@@ -43,7 +43,7 @@ from durable_codemode import (
     current_call,
 )
 from durable_codemode.apps.activities._store import IdempotentTools, SqliteStore
-from durable_codemode.testing import RunCode, Step, last_result, scripted_model
+from durable_codemode.testing import RunCode, Step, last_result, scripted_model, user_prompt
 
 AGENT = "ledger"
 """The agent's name, as runs name it."""
@@ -205,15 +205,6 @@ class Ledger(SqliteStore):
             return [dict(r) for r in conn.execute("SELECT * FROM attempts ORDER BY id")]
 
 
-def _prompt(messages: list[ModelMessage]) -> str:
-    for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
-                    return part.content
-    raise RuntimeError("the run has no text prompt")
-
-
 def _attempt() -> int:
     try:
         return activity.info().attempt
@@ -235,7 +226,7 @@ def ledger_agent(ledger: Ledger, *, tool_timeout: float = 5.0) -> CodeModeAgent:
     up to 20 attempts, so a run survives many kills and a loaded machine; no error ever reaches the program.
     """
     def first_turn(messages: list[ModelMessage]) -> Step:
-        task = LedgerTask.from_prompt(_prompt(messages))
+        task = LedgerTask.from_prompt(user_prompt(messages))
         if task.model_hang and _attempt() == 1:
             ledger.note_model_hang(task.account)
             time.sleep(task.model_hang)  # the model runs in a thread: the activity keeps heartbeating meanwhile

@@ -60,7 +60,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, ModelRequest, UserPromptPart
+from pydantic_ai.messages import ModelMessage
 from temporalio.client import Client, WorkflowHandle
 from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
 from temporalio.testing import WorkflowEnvironment
@@ -69,7 +69,7 @@ from temporalio.worker import Worker
 from durable_codemode import CodeModeAgent, ToolOptions, _pool, pending_approvals, start_run, temporal_cli_path
 from durable_codemode.cli import run_cli
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
-from durable_codemode.testing import RunCode, last_result, running_worker, scripted_model
+from durable_codemode.testing import RunCode, last_result, running_worker, scripted_model, user_prompt
 
 from ._agents import items_agent
 from .test_debugging import CODE, echo, with_code
@@ -161,17 +161,8 @@ DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], str]]] = {
 """What `docs_model` does for each prompt the docs run: the program a model would write, and its answer."""
 
 
-def _prompt(messages: list[ModelMessage]) -> str:
-    for message in messages:
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
-                    return part.content
-    raise AssertionError("the run has no prompt")
-
-
 def _script(messages: list[ModelMessage]) -> tuple[str, Callable[[Any], str]]:
-    prompt = _prompt(messages)
+    prompt = user_prompt(messages)
     assert prompt in DOCS_MODEL_SCRIPT, f"docs_model has no script for {prompt!r}: add it to DOCS_MODEL_SCRIPT"
     return DOCS_MODEL_SCRIPT[prompt]
 

@@ -29,6 +29,7 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
     ToolReturnPart,
+    UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.client import Client, WorkflowHandle
@@ -54,6 +55,7 @@ __all__ = [
     "scripted_model",
     "start_dev_server",
     "tool_call_context",
+    "user_prompt",
 ]
 
 
@@ -88,6 +90,21 @@ def last_result(messages: Sequence[ModelMessage], index: int = 0) -> Any:
     """
     request = next(m for m in reversed(messages) if isinstance(m, ModelRequest))
     return [p for p in request.parts if isinstance(p, ToolReturnPart)][index].content
+
+
+def user_prompt(messages: Sequence[ModelMessage]) -> str:
+    """The run's prompt: the first text the user sent, for scripted models that answer each prompt differently.
+
+    Raises:
+        ValueError: the conversation has no text prompt.
+
+    """
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart) and isinstance(part.content, str):
+                    return part.content
+    raise ValueError("the conversation has no text prompt from the user")
 
 
 def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:
