@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.usage import RunUsage
+from pydantic_ai.usage import RunUsage, UsageLimits
 from temporalio.common import RetryPolicy
 
 from ._approvals import ApprovalRecord
@@ -60,6 +60,13 @@ class RunInput:
 
     deps_type: str | None = None
     """The qualified name of `deps`'s class when it is not plain JSON, checked against the agent's `deps_type`."""
+
+    model_settings: dict[str, Any] | None = None
+    """pydantic-ai `ModelSettings` for this run's model requests, over the agent's own (as in `Agent.run`)."""
+
+    usage_limits: UsageLimits | None = None
+    """pydantic-ai `UsageLimits` for this run, checked in workflow code before each model request and tool call
+    and after each response, over the whole chain; past one, the run fails with `UsageLimitExceeded`."""
 
     continuation: Continuation | None = None
     """Set by the runtime when a run continues as new; never set it yourself."""
@@ -213,6 +220,8 @@ class ModelRequestInput:
     tools: list[ToolDefinition]
     deps: Any = None
     """The run's deps (`RunInput.deps`), for model settings that are a function of the run context."""
+    model_settings: dict[str, Any] | None = None
+    """The run's own model settings (`RunInput.model_settings`), merged over the agent's."""
 
 
 @dataclass(kw_only=True)

@@ -9,6 +9,8 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
+from pydantic_ai.settings import ModelSettings
+from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -21,8 +23,8 @@ from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
 from ._visibility import lacks_search_attributes, start_options
 
-__all__ = ["DEFAULT_ANSWER_TIMEOUT", "MAX_DEPS_BYTES", "decide", "decide_all", "deps_for_run", "pending_approvals",
-           "run_agent", "start_run", "validate_run_input"]
+__all__ = ["DEFAULT_ANSWER_TIMEOUT", "MAX_DEPS_BYTES", "check_usage_limits", "decide", "decide_all", "deps_for_run",
+           "pending_approvals", "run_agent", "start_run", "validate_run_input"]
 
 DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
 """How long a query or a decision waits for a worker of the run to answer before `WorkerUnavailableError`."""
@@ -91,6 +93,26 @@ call (each an activity whose input is recorded), so they are ids and settings, n
 _JSON_TYPES = (dict, list, str, int, float, bool)
 
 
+def check_usage_limits(limits: UsageLimits | None) -> UsageLimits | None:
+    """`limits` as a run records them, or the reason they cannot be.
+
+    Raises:
+        InvalidRunInputError: a limit a durable run cannot check yet (`cost_limit`, `count_tokens_before_request`).
+
+    """
+    if limits is None:
+        return None
+    if not isinstance(limits, UsageLimits):
+        raise InvalidRunInputError(f"usage_limits must be pydantic_ai.usage.UsageLimits, got {type(limits).__name__}")
+    refused = [name for name, on in (("cost_limit", limits.cost_limit is not None),
+                                     ("count_tokens_before_request", limits.count_tokens_before_request)) if on]
+    if refused:
+        raise InvalidRunInputError(
+            f"UsageLimits({', '.join(refused)}=...) is not checked by a durable run yet: leave it unset (request, "
+            "tool call and token limits are checked)")
+    return limits
+
+
 def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) -> tuple[Any, str | None]:
     """`deps` checked for a run: `(deps, the qualified name of its class when it is not plain JSON)`.
 
@@ -131,6 +153,8 @@ async def start_run(
     model: str | None = None,
     message_history: Sequence[ModelMessage] = (),
     deps: Any = None,
+    model_settings: ModelSettings | None = None,
+    usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
 ) -> WorkflowHandle[CodeModeRunWorkflow, RunResult]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
@@ -148,11 +172,17 @@ async def start_run(
             at most `MAX_DEPS_BYTES` as JSON; recorded in the run's input and carried across continue-as-new.
             `None`: the agent's `CodeModeAgent(deps=...)` default. The worker rebuilds them as the agent's
             `deps_type` and fails the run at its first step, naming both types, if they are of another type.
+        model_settings: pydantic-ai `ModelSettings` for this run's model requests, merged over the agent's (as
+            in `Agent.run`); recorded with the run.
+        usage_limits: pydantic-ai `UsageLimits`, recorded with the run and checked in workflow code before each
+            model request and tool call and after each response, over the whole continue-as-new chain. Past one
+            the run fails with pydantic-ai's `UsageLimitExceeded` message, not retried.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
 
     Raises:
-        InvalidRunInputError: an empty agent name or prompt, a malformed message history, or deps that cannot be
-            serialized, are too large or (given the agent) of the wrong type; nothing started.
+        InvalidRunInputError: an empty agent name or prompt, a malformed message history, deps that cannot be
+            serialized, are too large or (given the agent) of the wrong type, or usage limits a durable run cannot
+            check; nothing started.
 
     A run naming an agent that no worker on `task_queue` serves fails at once (its first step asks the worker to
     describe the agent), with the worker's "no agent named ..." message as the failure.
@@ -161,8 +191,12 @@ async def start_run(
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
     prompt_or_none, history = validate_run_input(name, prompt, message_history)
     run_deps, deps_type = deps_for_run(client, deps, agent if isinstance(agent, CodeModeAgent) else None)
+    if model_settings is not None and not isinstance(model_settings, dict):
+        raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
+                                   f"{type(model_settings).__name__}")
     run_input = RunInput(agent=name, prompt=prompt_or_none, model=model, message_history=history, deps=run_deps,
-                         deps_type=deps_type)
+                         deps_type=deps_type, model_settings=dict(model_settings) if model_settings else None,
+                         usage_limits=check_usage_limits(usage_limits))
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -183,11 +217,14 @@ async def run_agent(
     model: str | None = None,
     message_history: Sequence[ModelMessage] = (),
     deps: Any = None,
+    model_settings: ModelSettings | None = None,
+    usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
 ) -> RunResult:
     """Start an agent run and wait for its result (see `start_run` for the arguments)."""
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
-                             message_history=message_history, deps=deps, run_id=run_id)
+                             message_history=message_history, deps=deps, model_settings=model_settings,
+                             usage_limits=usage_limits, run_id=run_id)
     return await handle.result()
 
 

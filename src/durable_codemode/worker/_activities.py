@@ -112,8 +112,8 @@ class CodeModeActivities:
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
         """One request to the agent's model (or the run's override), heartbeating while it waits."""
         try:
-            return await heartbeating(self.agent(input.agent).request(input.model, input.messages, input.tools,
-                                                                      deps=input.deps))
+            return await heartbeating(self.agent(input.agent).request(
+                input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings))
         except (CodeModeUserError, UserError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:

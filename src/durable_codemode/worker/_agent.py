@@ -11,13 +11,14 @@ import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any
+from typing import Any, cast
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.settings import ModelSettings, merge_model_settings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
@@ -328,14 +329,19 @@ class CodeModeAgent:
                                     "with a model string (e.g. `--model openai:gpt-5`)")
         return chosen if isinstance(chosen, Model) else infer_model(chosen)
 
-    async def request(self, override: str | None, messages: list[ModelMessage],
-                      tools: list[ToolDefinition], *, deps: Any = None) -> ModelResponse:
-        """One model request with the recorded tool definitions (`deps`: the run's, as recorded)."""
+    async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
+                      deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> ModelResponse:
+        """One model request with the recorded tool definitions (`deps`, `model_settings`: the run's, as recorded).
+
+        The run's model settings go over the agent's, merged as `Agent.run(model_settings=...)` merges them.
+        """
         model = self.resolve_model(override)
         params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
         settings = self.agent.model_settings
         if callable(settings):  # per-run settings from a function of the run context
             settings = settings(self._run_context(deps=self.run_deps(deps)))
+        if model_settings:
+            settings = merge_model_settings(settings, cast(ModelSettings, dict(model_settings)))
         return await model.request(messages, settings, params)
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, NoReturn
 
@@ -20,6 +21,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, CancelledErro
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from pydantic_ai.exceptions import UsageLimitExceeded
     from pydantic_ai.messages import (
         ModelMessage,
         ModelRequest,
@@ -34,7 +36,7 @@ with workflow.unsafe.imports_passed_through():
         ToolReturnPart,
         UserPromptPart,
     )
-    from pydantic_ai.usage import RunUsage
+    from pydantic_ai.usage import RunUsage, UsageLimits
 
     from .._approvals import (
         APPROVE_SIGNAL,
@@ -115,8 +117,19 @@ class CodeModeRunWorkflow:
     def __init__(self) -> None:
         self._spec: AgentSpec | None = None
         self._deps: Any = None
+        self._usage = RunUsage()
+        self._usage_limits: UsageLimits | None = None
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
+
+    def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
+        """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
+        if self._usage_limits is None:
+            return
+        try:
+            check(self._usage_limits)
+        except UsageLimitExceeded as e:
+            raise ApplicationError(str(e), type="UsageLimitExceeded", non_retryable=True) from e
 
     # -- approvals ---------------------------------------------------------------------------------------------
 
@@ -193,6 +206,7 @@ class CodeModeRunWorkflow:
             cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
         self._spec = spec = cont.spec
         self._deps = input.deps
+        self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._approvals = Approvals(cont.approvals)
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
@@ -226,6 +240,7 @@ class CodeModeRunWorkflow:
         usage, turns = cont.usage, cont.turns
         snippets_this_run = 0
         while True:
+            self._check_usage(lambda u: u.check_before_request(usage))
             if usage.requests >= limits.max_model_requests:
                 raise ApplicationError(
                     f"the run made {usage.requests} model requests, its limit (SnippetLimits."
@@ -238,7 +253,7 @@ class CodeModeRunWorkflow:
             response = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools,
-                                  deps=input.deps),
+                                  deps=input.deps, model_settings=input.model_settings),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
@@ -247,6 +262,7 @@ class CodeModeRunWorkflow:
             ), turn=index, model=input.model)
             usage.incr(response.usage)
             usage.requests += 1
+            self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
             turn = TurnRecord(index=index, text=text)
@@ -352,6 +368,9 @@ class CodeModeRunWorkflow:
         assert self._spec is not None
         spec = self._spec.tool(tool)
         assert spec is not None, f"tool {tool!r} is not in the recorded spec"
+        projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
+        self._check_usage(lambda u: u.check_before_tool_call(projected))
+        self._usage.tool_calls += 1
         wait = None
         if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
             now = workflow.now()
