@@ -66,9 +66,15 @@ async def test_usage_counts_tool_calls_across_continue_as_new(client: Client) ->
     async with running_worker(client, [agent], task_queue=tq):
         handle = await start_run(client, name, "go", task_queue=tq, usage_limits=UsageLimits(tool_calls_limit=4))
         result = await handle.result()
+        # The limits go with the chain: 3 calls in the first run, and the 4th (in the next run) is one too many.
+        over = await start_run(client, name, "go", task_queue=tq, usage_limits=UsageLimits(tool_calls_limit=3))
+        with pytest.raises(WorkflowFailureError):
+            await over.result()
     assert result.continued_as_new >= 1
     assert (result.usage.requests, result.usage.tool_calls) == (3, 4)
+    assert "tool_calls_limit of 3" in await _failure(over)
     await replay(handle)
+    await replay(over)
 
 
 async def test_limits_a_durable_run_cannot_check_are_refused_by_name(client: Client) -> None:

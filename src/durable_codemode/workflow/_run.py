@@ -486,6 +486,8 @@ class CodeModeRunWorkflow:
             model=input.model,
             deps=input.deps,
             deps_type=input.deps_type,
+            model_settings=input.model_settings,
+            usage_limits=input.usage_limits,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl),
         ))
