@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from pydantic_monty import ResourceLimits
 from temporalio.common import RetryPolicy
 
 from ._errors import CodeModeUserError
@@ -111,11 +112,20 @@ class SnippetLimits:
     with a note saying so."""
 
     max_turn_seconds: float = 0.4
-    """Compute between two host round trips (tool calls, clock reads). Wall time, so not replay-safe: a
-    snippet over it ends the workflow run by continue-as-new, with a note to the model."""
+    """The in-workflow budget of one stretch of compute (between two host round trips: tool calls, clock reads).
+    A stretch past it is recorded in the history, so no replay re-runs it: one the workflow task finished is
+    kept; one still computing at 1.2 s (`_pool.LIVE_BACKSTOP_SECONDS`) goes on in the compute activity. Either
+    way the program goes on; the budget only decides where it computes. (Runs recorded before compute
+    activities existed keep their old rule on replay: the run continued as new with a fresh REPL.)"""
 
     max_feed_seconds: float = 1.0
-    """Compute of one whole snippet, excluding time spent waiting on tools and timers."""
+    """The in-workflow budget of all the stretches one workflow task runs (time waiting on tools and timers
+    excluded): past it, the stretch that crossed it is recorded, as for `max_turn_seconds`."""
+
+    max_compute_seconds: float = 60.0
+    """Compute one stretch may do in the compute activity (between two host round trips). Past it the program
+    is a runaway (a `while True`): the snippet fails with an error for the model, and the REPL goes back to what
+    it was before the snippet. At most an hour."""
 
     max_snippets_per_run: int = 25
     """Snippets one workflow run executes before it continues as new at the next model turn. With no workflow
@@ -150,6 +160,8 @@ class SnippetLimits:
         for name in ("max_tool_args_bytes", "max_tool_result_bytes"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 problems.append(f"{name} must be at least 1 or None (automatic), got {getattr(self, name)}")
+        if not 0 < self.max_compute_seconds <= 3600:
+            problems.append(f"max_compute_seconds must be in (0, 3600] seconds, got {self.max_compute_seconds}")
         for name in ("max_turn_seconds", "max_feed_seconds"):
             value = getattr(self, name)
             if not 0 < value <= _DEADLOCK_MARGIN_SECONDS:
@@ -159,3 +171,35 @@ class SnippetLimits:
                 )
         if problems:
             raise CodeModeUserError("invalid SnippetLimits: " + "; ".join(problems))
+
+
+REPLAY_STRETCH_SECONDS = 60.0
+"""The least time limit of a replayed stretch (see `monty_limits`)."""
+
+
+def monty_limits(limits: SnippetLimits, *, escalating: bool, replaying: bool = False) -> ResourceLimits:
+    """The limits a sandbox session enforces itself, for `checkout(limits=...)`.
+
+    A session's dumps carry its limits, and a loaded dump keeps them (Monty applies no new ones), so a program
+    that goes on in the compute activity computes under the limits its REPL was first checked out with. So in a
+    run with compute escalation (`escalating`) every session's own time limit is `max_compute_seconds`, the
+    runaway bound: the in-workflow budgets are enforced by the host (`workflow/_sandbox`) and by the live
+    pool's backstop, which may differ between stretches. A replayed task re-runs only stretches the live run
+    finished in workflow code, so its sessions get a time limit no replaying machine can reach
+    (`REPLAY_STRETCH_SECONDS`, or more): their outcome never depends on the replaying machine's speed, and a
+    history edited into a loop still ends. Older runs keep the limits they were recorded with.
+    """
+    out: ResourceLimits = {
+        "max_memory": limits.max_memory_bytes,
+        "max_recursion_depth": limits.max_recursion_depth,
+        # Our own bound is tool calls per snippet; Monty's counts every suspension of the whole session (clock
+        # reads, future resolutions) and cannot be disabled, so it is set far out of the way.
+        "max_suspensions": 1_000_000_000,
+    }
+    if escalating:
+        out["max_turn_duration_secs"] = (max(limits.max_compute_seconds, REPLAY_STRETCH_SECONDS) if replaying
+                                         else limits.max_compute_seconds)
+    else:
+        out["max_turn_duration_secs"] = limits.max_turn_seconds
+        out["max_feed_duration_secs"] = limits.max_feed_seconds
+    return out

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "AGENT_MEMO",
     "AGENT_SEARCH_ATTRIBUTE",
+    "COMPUTE_ACTIVITY",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
     "RUN_CODE_TOOL",
@@ -24,6 +25,8 @@ __all__ = [
     "STATUS_WAITING",
     "WORKFLOW_TYPE",
     "call_digest",
+    "compute_activity_id",
+    "compute_marker",
     "nested_call_id",
     "tool_activity_id",
     "tool_activity_type",
@@ -40,6 +43,9 @@ DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 
 SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
 """Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""
+
+COMPUTE_ACTIVITY = "durable-codemode.compute"
+"""Records a stretch of compute past the in-workflow budget, computing it first if needed (`worker/_compute`)."""
 
 SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
 """The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
@@ -75,6 +81,22 @@ def tool_activity_type(agent: str, tool: str) -> str:
 def nested_call_id(run_code_call_id: str, n: int) -> str:
     """`<run_code call id>.<n>`: stable across replays and retries, so tools can use it as an idempotency key."""
     return f"{run_code_call_id}.{n}"
+
+
+def compute_marker(snippet: int, run_code_call_id: str, stretch: int) -> str:
+    """The `workflow.patched` id recording "stretch `stretch` of this program came from the compute activity".
+
+    `snippet` counts the run's snippets (a model that reuses a call id cannot collide) and `stretch` the
+    program's stretches of compute (0: from the snippet's start to its first host round trip; n: from the answer
+    to round trip n). A replay asks for the marker before each stretch, and takes the recorded outcome instead
+    of running it, so where a program went past its budget is read from the history, never timed again.
+    """
+    return f"durable-codemode.compute.{snippet}.{run_code_call_id}.{stretch}"
+
+
+def compute_activity_id(run_code_call_id: str, stretch: int) -> str:
+    """`<run_code call id>.compute.<stretch>`: the compute activity of one stretch of a program."""
+    return f"{run_code_call_id}.compute.{stretch}"
 
 
 def _canonical(value: Any) -> Any:

@@ -1,8 +1,18 @@
-"""The worker process's pool of Monty sandbox processes.
+"""The worker process's pools of Monty sandbox processes.
 
-One pool per worker process, created on first use: creating it at import would spawn a `monty` process in every
-process that imports the workflow module (clients, the replay command). This module is passed through
-Temporal's workflow sandbox, so every workflow run in the process shares this one pool.
+Three pools per worker process, each created on first use (creating them at import would spawn `monty`
+processes in every process that imports the workflow module: clients, the replay command):
+
+- the **live** pool serves programs computing in live workflow tasks. Its `request_timeout` backstop
+  (`LIVE_BACKSTOP_SECONDS`) kills a process that computes past it, well before Temporal's 2 s deadlock limit;
+  the program then goes on in the compute activity (see `workflow/_sandbox`);
+- the **replay** pool serves replayed workflow tasks. It has no backstop: a replayed stretch of compute is one
+  the live run finished in workflow code (an over-budget one is recorded and never re-run), so its outcome must
+  not depend on how fast the replaying machine is;
+- the **compute** pool serves the compute activity (`worker/_compute`): programs past their in-workflow budget,
+  bounded by their own in-sandbox limit (`SnippetLimits.max_compute_seconds`).
+
+This module is passed through Temporal's workflow sandbox, so every workflow run in the process shares them.
 """
 
 from __future__ import annotations
@@ -17,9 +27,15 @@ import pydantic_monty
 from ._errors import CodeModeUserError
 
 __all__ = [
-    "PoolSettings", "configure_pool", "default_max_processes", "get_pool", "live_sessions", "reserve_task_slots",
-    "shutdown_pool",
+    "LIVE_BACKSTOP_SECONDS", "PoolSettings", "configure_pool", "default_max_processes", "get_compute_pool",
+    "get_pool", "hold_budget", "live_sessions", "max_sandbox_processes", "release_hold", "reserve_task_slots",
+    "shutdown_pool", "try_hold",
 ]
+
+LIVE_BACKSTOP_SECONDS = 1.2
+"""Seconds one request to a live workflow task's sandbox (a stretch of compute, a load, a dump) may take before
+its process is killed: under Temporal's 2 s deadlock limit with room for the rest of the task. A program past it
+is not lost: it goes on in the compute activity."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,7 +50,9 @@ class PoolSettings:
       on tool calls, timers or a person, and between snippets, it is a dump in workflow memory (0.2-0.5 ms a
       dump and load for small state, a few ms per MB);
     - so the pool bounds the workflow tasks computing at once, never the runs in flight: 50 runs with live
-      programs on a 4-process pool all complete; they queue for workflow task slots, which Temporal hands out.
+      programs on a 4-process pool all complete; they queue for workflow task slots, which Temporal hands out;
+    - a program waiting on plain tool calls may keep its process instead (`try_hold`), for up to half as many
+      runs again, in processes beyond `max_processes`: a wait then costs no dump and load.
 
     The default is 4 per usable CPU, from 4 to 32: a workflow task slot is also held while its completion
     travels to the server, so a few per core keep the CPUs busy. Measured on 2 CPUs (`bench/throughput.py`, 50
@@ -54,6 +72,11 @@ class PoolSettings:
     it (`SandboxUnavailableError`), instead of the worker's workflow thread wedging. Kept well under Temporal's
     2 s deadlock limit."""
 
+    compute_processes: int = field(default_factory=lambda: default_compute_processes())
+    """Sandbox processes for the compute activity (programs past their in-workflow budget), at most: so at most
+    this many such programs compute at once in the process; more wait for a free one (heartbeating). Default:
+    one per usable CPU, at least 2."""
+
     def __post_init__(self) -> None:
         if self.max_processes < 2:
             raise CodeModeUserError(
@@ -67,18 +90,29 @@ class PoolSettings:
             )
 
 
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_max_processes() -> int:
     """4 per CPU this process may use, at least 4 and at most 32."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(32, max(4, 4 * cpus))
+    return min(32, max(4, 4 * _cpus()))
+
+
+def default_compute_processes() -> int:
+    """One per CPU this process may use, at least 2."""
+    return max(2, _cpus())
 
 
 _lock = threading.Lock()  # determinism: ok (guards the process-wide pool; decides no workflow step)
 _settings = PoolSettings()
-_pool: pydantic_monty.Monty | None = None
+_pools: dict[str, pydantic_monty.Monty] = {}
+"""The running pools: `live`, `replay`, `compute`."""
 _running: PoolSettings | None = None
 """The settings the running pool was started with."""
 _live = 0
+_held = 0
+"""Sessions held by programs waiting on tool calls (see `try_hold`)."""
 _task_slots = 0
 """Workflow task slots of the code-mode workers running in this process (see `PoolSettings`)."""
 
@@ -102,19 +136,69 @@ def reserve_task_slots(slots: int) -> int:
         return _task_slots
 
 
-def get_pool() -> pydantic_monty.Monty:
-    """The process's pool, started on first call."""
-    global _pool, _running
+def _get(kind: str) -> pydantic_monty.Monty:
+    global _running
     with _lock:
-        if _pool is None:
-            pool = pydantic_monty.Monty(
-                min_processes=1,
-                max_processes=_settings.max_processes,
-                checkout_timeout=_settings.checkout_timeout,
-            )
+        pool = _pools.get(kind)
+        if pool is None:
+            settings = _running or _settings
+            if kind == "compute":
+                # Waits for a free process as long as it takes: the compute activity heartbeats meanwhile.
+                pool = pydantic_monty.Monty(min_processes=0, max_processes=settings.compute_processes)
+            else:
+                pool = pydantic_monty.Monty(
+                    min_processes=1,
+                    # The live pool has room for the sessions programs hold while they wait (`try_hold`) on top
+                    # of one per workflow task slot, so a held session never makes a workflow task wait.
+                    max_processes=settings.max_processes + (hold_budget(settings) if kind == "live" else 0),
+                    checkout_timeout=settings.checkout_timeout,
+                    request_timeout=LIVE_BACKSTOP_SECONDS if kind == "live" else None,
+                )
             pool.__enter__()
-            _pool, _running = pool, _settings
-        return _pool
+            _pools[kind], _running = pool, settings
+        return pool
+
+
+def get_pool(*, replaying: bool = False) -> pydantic_monty.Monty:
+    """The pool for workflow tasks (the `replay` pool when `replaying`), started on first call."""
+    return _get("replay" if replaying else "live")
+
+
+def get_compute_pool() -> pydantic_monty.Monty:
+    """The pool of the compute activity, started on first call."""
+    return _get("compute")
+
+
+def hold_budget(settings: PoolSettings) -> int:
+    """Sessions the process's programs may hold while they wait on tool calls: half the pool, at least 1."""
+    return max(1, settings.max_processes // 2)
+
+
+def max_sandbox_processes(settings: PoolSettings) -> int:
+    """The most `monty` processes a worker process runs with `settings`: its three pools at their caps."""
+    return 2 * settings.max_processes + hold_budget(settings) + settings.compute_processes
+
+
+def try_hold() -> bool:
+    """Take one of the hold budget's places (a program keeps its session while it waits); `False` if none is free.
+
+    Whether a program holds its session or is dumped while it waits changes nothing it computes (a dump loads
+    back exactly), only what the wait costs: a dump and a load, ~1 ms for small state but ~0.75 s for a program
+    holding 200k rows. So this may depend on the moment; it decides no workflow command.
+    """
+    global _held
+    with _lock:
+        if _held >= hold_budget(_running or _settings):
+            return False
+        _held += 1
+        return True
+
+
+def release_hold() -> None:
+    """Give back a place taken by `try_hold`."""
+    global _held
+    with _lock:
+        _held -= 1
 
 
 def live_sessions() -> int:
@@ -130,11 +214,13 @@ def note_checkout(delta: int) -> None:
 
 
 def shutdown_pool() -> None:
-    """Stop every sandbox process; the next `get_pool()` starts a new pool."""
-    global _pool, _running
+    """Stop every sandbox process of every pool; the next `get_pool()` starts new pools."""
+    global _running
     with _lock:
-        pool, _pool, _running = _pool, None, None
-    if pool is not None:
+        pools = list(_pools.values())
+        _pools.clear()
+        _running = None
+    for pool in pools:
         pool.__exit__(None, None, None)
 
 

@@ -22,6 +22,8 @@ from ._config import SnippetLimits
 __all__ = [
     "AgentSpec",
     "CallRecord",
+    "ComputeRequest",
+    "ComputeResult",
     "Continuation",
     "ModelRequestInput",
     "RunInput",
@@ -117,6 +119,13 @@ class AgentSpec:
     """Whether the sandbox's guards (`_guards`) act in this run. Recorded, so the choice is part of the run:
     every run started now records `True`; a run recorded before the field existed reads `False` and replays as it
     ran. (A `workflow.patched` check alone proved unsafe: under load it once answered `False` in a live run.)"""
+    compute_escalation: bool = False
+    """Whether a stretch of compute past the in-workflow budget is recorded and goes on in the compute activity
+    (every run started now). A run recorded before the field existed reads `False` and replays as it ran: such a
+    stretch ended the workflow run by continue-as-new, with a fresh REPL."""
+    payload_store: bool = False
+    """Whether the worker that started the run offloads large payloads to a payload store, so a compute activity
+    may carry a program's dump over Temporal's 2 MiB payload limit."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -153,6 +162,8 @@ class SnippetRecord:
     omitted_calls: int = 0
     """Call records dropped from `calls` to keep a long run's summary under Temporal's payload limit (oldest
     snippets first, see `bound_turns`); the calls themselves are in the history (`codemode trace`)."""
+    computed_seconds: float | None = None
+    """Compute the program did in compute activities (past its in-workflow budget); `None`: it needed none."""
 
 
 @dataclass(kw_only=True)
@@ -257,3 +268,52 @@ def bound_turns(turns: list[TurnRecord], budget: int = TURNS_BUDGET_BYTES) -> No
         total -= sum(_size(c) for c in turn.direct_calls)
         turn.omitted_direct_calls += len(turn.direct_calls)
         turn.direct_calls = []
+
+
+@dataclass(kw_only=True)
+class ComputeResult:
+    """Output of the compute activity: where the program got to, at its next host round trip or its end."""
+
+    kind: Literal["suspended", "complete", "error", "runaway", "crashed", "too_large"]
+    """`suspended`: at its next host round trip (a tool call, a clock read, a wait: workflow code answers it);
+    `complete` / `error`: the snippet ended (a value, or an exception it did not catch); `runaway`: past
+    `max_compute_seconds`; `crashed`: its sandbox process died, or it did not repeat itself; `too_large`: where
+    it got to is over `ComputeRequest.max_dump_bytes` (`error` holds the size)."""
+    state: str | None = None
+    """`suspended`: the suspended program's dump; `complete` / `error`: the REPL after the snippet (base64)."""
+    output: Any = None
+    """`complete`: the program's value (`_results.jsonable`)."""
+    printed: str = ""
+    """What the program printed from the request's `state` on."""
+    error: str | None = None
+    """`error`: the exception (`Type: message`); `runaway` / `crashed`: what happened."""
+    traceback: str | None = None
+    seconds: float = 0.0
+    """Wall time the stretch computed."""
+    where: Literal["activity", "workflow"] = "activity"
+    """Where it computed: in the activity, or in workflow code (past the budget, recorded by the activity)."""
+
+
+@dataclass(kw_only=True)
+class ComputeRequest:
+    """Input of the compute activity: a stretch of a program to compute, from a dump (see `worker/_compute`)."""
+
+    agent: str
+    run_code_id: str
+    start: Literal["feed", "snapshot", "computed"]
+    """`feed`: start the snippet `code` in the REPL `state` (`None`: a fresh REPL); `snapshot`: load the suspended
+    program `state`; then give it `answers` in order. `computed`: workflow code already computed the stretch (it
+    took longer than the in-workflow budget): `state` is where it got to, and the activity records it."""
+    state: str | None
+    """A Monty dump, base64 (`_compute_wire.encode_dump`)."""
+    code: str = ""
+    answers: list[Any] = field(default_factory=list)
+    """What workflow code answered the program's suspensions with since `state`, encoded by `_compute_wire`:
+    the activity gives them again (the program repeats itself exactly), and the last one starts the stretch."""
+    limits: SnippetLimits
+    seed: int = 0
+    """`feed` into a fresh REPL: the seed workflow code drew for its `random`."""
+    max_dump_bytes: int | None = None
+    """The largest dump the activity may return (no payload store: Temporal's 2 MiB payload limit); `None`: any."""
+    computed: ComputeResult | None = None
+    """`computed`: the outcome to record."""

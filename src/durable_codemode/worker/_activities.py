@@ -25,9 +25,10 @@ from temporalio.exceptions import ApplicationError
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from .._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
-from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
-from .._types import AgentSpec, ModelRequestInput, ToolCallInput
+from .._names import COMPUTE_ACTIVITY, DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
+from .._types import AgentSpec, ComputeRequest, ComputeResult, ModelRequestInput, ToolCallInput
 from ._agent import CodeModeAgent
+from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
 from ._heartbeat import heartbeating
 from ._seal import monty_version, seal
@@ -86,7 +87,7 @@ class CodeModeActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
-        return [self.describe_agent, self.model_request, self.seal_repl, self.run_tool]
+        return [self.describe_agent, self.model_request, self.seal_repl, self.compute, self.run_tool]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None) -> AgentSpec:
@@ -98,7 +99,13 @@ class CodeModeActivities:
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:
             # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
+        spec.payload_store = self._payload_store
         return spec
+
+    @activity.defn(name=COMPUTE_ACTIVITY)
+    async def compute(self, request: ComputeRequest) -> ComputeResult:
+        """A stretch of a program past its in-workflow budget: computed here, or recorded (`_compute`)."""
+        return await heartbeating(compute_stretch(request))
 
     @activity.defn(name=SEAL_REPL_ACTIVITY)
     async def seal_repl(self, request: SealRequest) -> SealResult:

@@ -319,6 +319,7 @@ class CodeModeAgent:
             limits=self.limits,
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
             sandbox_guards=True,
+            compute_escalation=True,
         )
 
     def resolve_model(self, override: str | None) -> Model:
