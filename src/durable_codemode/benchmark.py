@@ -202,7 +202,7 @@ def check_model(model: str) -> None:
 async def _replay(histories: Sequence[Any], client: Client) -> tuple[bool, str | None, float]:
     # The client's converter, so runs whose large payloads live in a payload store replay too.
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
-                        workflow_runner=workflow_runner())
+                        workflow_runner=workflow_runner(), debug_mode=True)  # offline: no deadlock detector
     started = time.perf_counter()
     try:
         for history in histories:

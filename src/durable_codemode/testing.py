@@ -178,8 +178,9 @@ async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
 async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]:
     """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
     # The client's converter, so runs whose large payloads live in a payload store replay too.
+    # debug_mode: offline there is no 2 s deadlock detector, so no replay depends on this machine's speed.
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=handle._client.data_converter,
-                        workflow_runner=workflow_runner())
+                        workflow_runner=workflow_runner(), debug_mode=True)
     results = []
     for history in await fetch_chain_histories(handle):
         results.append(await replayer.replay_workflow(history))

@@ -319,6 +319,7 @@ async def replay_history(history: WorkflowHistory, *, runtime: Runtime | None = 
         workflow_runner=_WatchingRunner(capture, instances),
         interceptors=[_interceptor(capture, instances)],
         runtime=runtime,
+        debug_mode=True,  # offline: no 2 s deadlock detector, so no replay depends on this machine's speed
     )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     capture.failure = result.replay_failure

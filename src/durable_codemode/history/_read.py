@@ -36,7 +36,7 @@ from .._approvals import (
 )
 from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError
-from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
+from .._names import COMPUTE_ACTIVITY, DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
 from .._results import preview
 from .._storage import env_stores, resolve_history
 from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
@@ -327,6 +327,8 @@ class _Assembler:
         self.runs = runs
         self.capture = capture
         self.turns: list[TraceTurn] = []
+        self.compute_results: list[tuple[str, dict[str, Any]]] = []
+        """The current run's compute activities: (activity id, result)."""
 
     def summary_of(self, run_index: int) -> list[TurnRecord]:
         """The turn records the run at `run_index` ended with (its result, or the next run's continuation)."""
@@ -351,7 +353,9 @@ class _Assembler:
         recorded = {t.index: t for t in self.summary_of(run_index)}
         requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
         tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY,)]
-        calls = [_call_of(a, open_run) for a in tools]
+        calls = [_call_of(a, open_run) for a in tools if a.activity_type != COMPUTE_ACTIVITY]
+        self.compute_results = [(a.activity_id, a.result if isinstance(a.result, dict) else {})
+                                for a in tools if a.activity_type == COMPUTE_ACTIVITY]
         base = len(parsed.input.continuation.turns) if parsed.input.continuation else 0
         for k, request in enumerate(requests):
             index = base + k
@@ -401,6 +405,10 @@ class _Assembler:
         prefix = part.tool_call_id + "."
         snippet.calls = sorted((c for c in calls if c.call_id.startswith(prefix)
                                 and c.call_id[len(prefix):].isdigit()), key=call_order)
+        computes = [c for c in self.compute_results if c[0].startswith(prefix + "compute.")]
+        snippet.recorded_stretches = len(computes)
+        computed = sum(float(r.get("seconds") or 0) for _, r in computes if r.get("where", "activity") == "activity")
+        snippet.computed_s = round(computed, 3) if computed else None
         returned = returns.get(part.tool_call_id)
         record = next((s for s in summary.snippets if s.call_id == part.tool_call_id), None) if summary else None
         replayed = next((s for s in reversed(capture.snippets) if s.call_id == part.tool_call_id), None) \

@@ -124,6 +124,11 @@ class TraceSnippet:
     result: str | None = None
     """A preview of what the model got back (the next request's tool return)."""
     calls: list[TraceCall] = field(default_factory=list)
+    computed_s: float | None = None
+    """Seconds the program computed in compute activities, past its in-workflow budget (`None`: none)."""
+    recorded_stretches: int = 0
+    """Stretches of compute that went past the in-workflow budget: each recorded in the history (so no replay
+    re-runs it), computed in an activity or finished in workflow code."""
 
 
 @dataclass(kw_only=True)
@@ -248,7 +253,8 @@ def trace_turns_of(records: list[TurnRecord], *, run: int) -> list[TraceTurn]:
         TraceTurn(
             index=record.index, run=run, status="ok", text=record.text,
             snippets=[TraceSnippet(call_id=s.call_id, code=s.code, outcome=s.outcome, result=s.result,
-                                   calls=sorted((trace_call_of(c) for c in s.calls), key=call_order))
+                                   calls=sorted((trace_call_of(c) for c in s.calls), key=call_order),
+                                   computed_s=s.computed_seconds)
                       for s in record.snippets],
             direct_calls=[trace_call_of(c) for c in record.direct_calls],
         )
@@ -346,7 +352,8 @@ class _Drawing:
         n = len(snippet.calls)
         count = f"  ({n} nested call{'s' if n != 1 else ''})" if n else ""
         restart = "  restart" if snippet.restart else ""
-        self.add(f"{'└─ ' if last else '├─ '}run_code {snippet.call_id}  {snippet.outcome}{restart}{count}")
+        computed = f"  computed in an activity for {snippet.computed_s:.1f} s" if snippet.computed_s else ""
+        self.add(f"{'└─ ' if last else '├─ '}run_code {snippet.call_id}  {snippet.outcome}{restart}{computed}{count}")
         inner = "   " if last else "│  "
         gutter = inner + ("│ " if n else "  ")
         lines = snippet.code.expandtabs(4).splitlines()

@@ -335,7 +335,8 @@ class CodeModeRunWorkflow:
         outcome = await self._progress.snippet(repl.run(code, run_code_id=call.tool_call_id, restart=restart),
                                                call_id=call.tool_call_id, code=code)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
-                                           result=outcome.summary, calls=outcome.calls))
+                                           result=outcome.summary, calls=outcome.calls,
+                                           computed_seconds=outcome.computed_seconds))
         if outcome.kind == "rejected":
             return self._retry(call, outcome.content, "validation_error"), outcome
         return self._return(call, outcome.content), outcome

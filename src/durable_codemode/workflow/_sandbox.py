@@ -9,12 +9,15 @@ This module runs inside workflow code, so it must be deterministic given the his
 - clock reads answer `workflow.now()`, sleeps are durable timers, `random` is seeded from `workflow.random()`,
   environment reads see only the recorded allow-list, files are refused.
 
-The one non-deterministic outcome is a compute limit (wall time) or a crashed sandbox: the caller ends the
-workflow run by continue-as-new in the same workflow task, so an open run never replays one.
+The non-deterministic outcomes are how long a stretch of compute takes (wall time) and a crashed sandbox. Each
+is decided once, live, and recorded in that workflow task (a `workflow.patched` marker and the compute activity,
+see `_SnippetDriver`): a replay reads it and never times anything. (Runs recorded before this, whose spec has no
+`compute_escalation`, ended the workflow run by continue-as-new in the same task instead, and still do.)
 
 A run holds a sandbox process only while its program computes, within one activation: whenever the program
 waits on Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back
-to the pool, and the next activation loads it into whichever process is free. So the pool bounds the workflow
+to the pool, and the next activation loads it into whichever process is free. (A program waiting on plain tool
+calls may keep its process instead, within the pool's hold budget: `_pool.try_hold`.) So the pool bounds the workflow
 tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process across
 the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until one
 was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
@@ -24,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Literal, cast
 
 import pydantic_monty
@@ -42,12 +47,16 @@ from pydantic_monty import (
     NameLookupSnapshot,
 )
 from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
 
 from .. import _pool
-from .._names import SANDBOX_GUARDS_PATCH, nested_call_id
-from .._results import bounded_result, preview
+from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
+from .._config import monty_limits
+from .._names import COMPUTE_ACTIVITY, SANDBOX_GUARDS_PATCH, compute_activity_id, compute_marker, nested_call_id
+from .._results import bounded_result, jsonable, preview
 from .._stubs import TYPE_CHECK_PRELUDE
-from .._types import AgentSpec, CallRecord
+from .._types import AgentSpec, CallRecord, ComputeRequest, ComputeResult
 from ._guards import (
     MAX_ANSWERS_WITHOUT_WAIT,
     MAX_CALLS_IN_FLIGHT,
@@ -105,6 +114,8 @@ class SnippetOutcome:
     calls: list[CallRecord] = field(default_factory=list)
     restart_repl: bool = False
     """The program was stopped mid-way (deterministically, unlike a compute limit): its REPL is discarded."""
+    computed_seconds: float | None = None
+    """Compute the program did in compute activities, past its in-workflow budget (`None`: none)."""
 
     @property
     def ends_run(self) -> bool:
@@ -144,6 +155,10 @@ def _guarded(spec: AgentSpec) -> bool:
     return spec.sandbox_guards or workflow.patched(SANDBOX_GUARDS_PATCH)
 
 
+def _replaying() -> bool:
+    return workflow.unsafe.is_replaying()
+
+
 def _is_time_limit(error: MontyRuntimeError) -> bool:
     exc = error.exception()
     return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
@@ -177,6 +192,8 @@ class Repl:
         self.lenient_names = False
         """A snippet ran unchecked, so the type checker no longer knows every name (see `_real_type_errors`)."""
         self._task_queue = workflow.info().task_queue
+        self._snippets = 0
+        """Snippets this workflow run has fed (compute markers are keyed by it)."""
 
     def _checkout(self, *, seed: int | None = None) -> pydantic_monty.MontySession:
         """A fresh session from the pool; `seed` seeds its `random` (default: drawn from `workflow.random()`).
@@ -185,18 +202,12 @@ class Repl:
         and drawing would change the `workflow.random()` stream (and so `os.urandom`) of runs recorded before
         programs were released while they wait.
         """
-        limits = self._spec.limits
-        session = _pool.get_pool().checkout(
+        # A replayed task gets a process without the live backstop: what it re-runs, the live run finished in
+        # workflow code, and its outcome must not depend on how fast this machine is (see `_pool`).
+        replaying = _replaying()
+        session = _pool.get_pool(replaying=replaying).checkout(
             script_name="snippet.py",
-            limits={
-                "max_turn_duration_secs": limits.max_turn_seconds,
-                "max_feed_duration_secs": limits.max_feed_seconds,
-                "max_memory": limits.max_memory_bytes,
-                "max_recursion_depth": limits.max_recursion_depth,
-                # Our own bound is tool calls per snippet; Monty's counts every suspension of the whole session
-                # (clock reads, future resolutions) and cannot be disabled, so it is set far out of the way.
-                "max_suspensions": 1_000_000_000,
-            },
+            limits=monty_limits(self._spec.limits, escalating=self._spec.compute_escalation, replaying=replaying),
             os_policy={
                 "datetime": "call_host",
                 "sleep": "call_host",
@@ -227,6 +238,11 @@ class Repl:
         """Start from a session dump (a REPL carried across continue-as-new); loaded at the next snippet."""
         self._idle_state = state
         self.lenient_names = lenient_names
+
+    @property
+    def session(self) -> pydantic_monty.MontySession | None:
+        """The session this REPL holds right now, if any."""
+        return self._session
 
     @property
     def held(self) -> bool:
@@ -264,23 +280,11 @@ class Repl:
             self.close()
             self._idle_state = None
             self.lenient_names = False
-        lost: str | None = None
-        if self._session is None:
-            # Checkout happens on first use, so a run that never calls run_code holds no sandbox process.
-            self._session = self._checkout()
-            state, self._idle_state = self._idle_state, None
-            if state is not None:
-                try:
-                    self._session.load_session(state)
-                except MontyError as e:  # deterministic for the same dump and Monty version, so replay-safe
-                    self.close()
-                    self._session = self._checkout()
-                    lost = (f"The REPL could not be restored ({type(e).__name__}: {e}) and was restarted: variables "
-                            "from earlier run_code calls are gone.")
-        driver = _SnippetDriver(self, self._tools, code, run_code_id)
-        outcome = await driver.drive(self._session)
-        if lost is not None and isinstance(outcome.content, dict):
-            outcome.content["note"] = lost
+        self._snippets += 1
+        driver = _SnippetDriver(self, self._tools, code, run_code_id, snippet=self._snippets)
+        outcome = await driver.drive()
+        if driver.lost_note is not None and isinstance(outcome.content, dict):
+            outcome.content["note"] = driver.lost_note
         if outcome.ends_run:
             self.close()
         elif outcome.restart_repl:
@@ -297,64 +301,175 @@ class Repl:
             self.close()
         return outcome
 
+    def adopt(self, state: bytes | None) -> None:
+        """Make `state` (a REPL dump between snippets, or `None`: fresh) the REPL; no process is held."""
+        self.close()
+        self._idle_state = state
+
+    def open_session(self, seed: int) -> tuple[pydantic_monty.MontySession, str | None]:
+        """Check out a session for a snippet's start, with the REPL loaded; and why the REPL was lost, if it was."""
+        self._session = self._checkout(seed=seed)
+        state, self._idle_state = self._idle_state, None
+        if state is None:
+            return self._session, None
+        try:
+            self._session.load_session(state)
+        except MontyCrashedError:
+            if not self._spec.compute_escalation:
+                raise
+            self.close()
+            self._idle_state = state
+            raise  # the process died under the load: the driver goes on in the compute activity
+        except MontyError as e:  # deterministic for the same dump and Monty version, so replay-safe
+            self.close()
+            # Runs recorded before compute escalation drew a second seed here; they still do, to replay.
+            self._session = self._checkout(seed=seed if self._spec.compute_escalation else None)
+            return self._session, (f"The REPL could not be restored ({type(e).__name__}: {e}) and was restarted: "
+                                   "variables from earlier run_code calls are gone.")
+        return self._session, None
+
+
+@dataclass
+class _Parked:
+    """A program dumped while it waited; loaded again (`Repl.unpark`) only when its next stretch runs."""
+
+    state: bytes
+    draw_seed: bool = False
+
+
+@dataclass
+class _Completed:
+    """A snippet the compute activity finished: its value (as JSON) and the REPL after it."""
+
+    output: Any
+    state: bytes | None
+
+
+@dataclass
+class _Base:
+    """Where the compute activity would start a stretch from: a dump, and the answers given since."""
+
+    start: Literal["feed", "snapshot"]
+    state: bytes | None
+    printed: str
+    """What the program had printed when `state` was taken (the activity prints the rest again)."""
+    answers: list[Any] = field(default_factory=list)
+
+
+def _too_large(size: int) -> str:
+    return (f"it computed past its in-workflow budget with {size:,} bytes of state (compressed), more than a "
+            "compute activity can carry without a payload store (Temporal refuses payloads over 2 MiB): give the "
+            "workers a payload store (CODEMODE_PAYLOAD_STORE), or keep less data in variables")
+
+
+class _SnippetEnded(Exception):
+    """The snippet ends with `outcome` (it came back from the compute activity finished, failed or lost)."""
+
+    def __init__(self, outcome: SnippetOutcome) -> None:
+        super().__init__(outcome.kind)
+        self.outcome = outcome
+
+
+_COMPUTE_HEARTBEAT = timedelta(seconds=5)
+_COMPUTE_RETRY = RetryPolicy(maximum_attempts=3)
+"""Attempts of the compute activity: an attempt fails only when its worker is lost (a sandbox crash is a result)."""
+
+_MAX_ANSWERS_SINCE_DUMP = 200
+"""Answers a program may be given since its last dump while it keeps its process over waits; then it is dumped
+at its next wait, so the compute activity never has a long history of answers to give again."""
+
+_DUMP_LIMIT_WITHOUT_STORE = 1_800_000
+"""Characters of encoded dump (`_compute_wire.encode_dump`) a compute activity may carry without a payload
+store: inside Temporal's 2 MiB payload limit, with room for the rest of the payload."""
+
 
 class _SnippetDriver:
-    """Answers one snippet's suspensions until it completes."""
+    """Answers one snippet's suspensions until it completes.
 
-    def __init__(self, repl: Repl, tools: set[str], code: str, run_code_id: str) -> None:
+    The program runs in *stretches* of compute, each between two host round trips; stretch 0 starts the
+    snippet, stretch n runs from the answer to round trip n. With compute escalation (`AgentSpec`), each live
+    stretch is timed, and one past the in-workflow budget is recorded by a `workflow.patched` marker
+    (`compute_marker`) and the compute activity, in the same workflow task: finished in workflow code, its
+    outcome is recorded; killed by the live backstop, or by a crash, it is computed again in the activity from
+    the last dump (`_Base`). A replay asks for the marker before every stretch and, when it is there, takes the
+    activity's recorded outcome instead of running the stretch: no replay times anything.
+    """
+
+    def __init__(self, repl: Repl, tools: set[str], code: str, run_code_id: str, *, snippet: int) -> None:
         self._repl = repl
         self._spec = spec = repl._spec
         self._tools = tools
         self._start_tool = repl._start_tool
         self._code = code
         self._run_code_id = run_code_id
+        self._snippet = snippet
+        self._escalating = spec.compute_escalation
         self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
         self._started: dict[int, CallRecord] = {}
         """Tool calls in flight, by Monty call id: what their record says if the program ends before they do."""
         self._calls: list[CallRecord] = []
         self._n = 0
         self._streams = CollectStreams(max_bytes=spec.limits.max_output_bytes + 1)
+        self._printed_before = ""
+        """Printed output from before `_streams` was replaced (after a stretch came from the compute activity)."""
         self._answers = 0
         """Host round trips since the driver last waited on Temporal (see `_guards.MAX_ANSWERS_WITHOUT_WAIT`)."""
         self._args_in_flight: dict[int, int] = {}
         """Argument bytes of the tool calls in flight, by Monty call id."""
+        self._stretch = 0
+        self._activation_seconds = 0.0
+        """Compute of the stretches run since the driver last waited on Temporal (`max_feed_seconds`)."""
+        self._computed_seconds = 0.0
+        self._base: _Base | None = None
+        self._start_state: bytes | None = None
+        """The REPL before this snippet: what it goes back to if the program is lost."""
+        self.lost_note: str | None = None
+        """Why the REPL was restarted at the snippet's start, if it was (for the model)."""
 
     def _printed(self) -> str:
-        return "".join(text for _stream, text in self._streams.output)
+        return self._printed_before + "".join(text for _stream, text in self._streams.output)
 
-    async def drive(self, session: pydantic_monty.MontySession) -> SnippetOutcome:
+    def _waited(self) -> None:
+        """The program just waited on Temporal: a new workflow task, with its own budgets."""
+        self._answers = 0
+        self._activation_seconds = 0.0
+
+    async def drive(self) -> SnippetOutcome:
         limits = self._spec.limits
         try:
             try:
-                try:
-                    snap = session.feed_start(self._code, print_callback=self._streams)
-                except MontyTypingError as e:
-                    if _real_type_errors(e, lenient_names=self._repl.lenient_names):
-                        raise
-                    snap = session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
-                    self._repl.lenient_names = True
-                while not isinstance(snap, MontyComplete):
+                snap = await self._first_stretch()
+                while not isinstance(snap, (MontyComplete, _Completed)):
                     self._answers += 1
                     if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded(self._spec):
                         return self._stopped()
                     if isinstance(snap, FunctionSnapshot):
-                        snap = await self._answer_call(snap)
+                        current, answer = await self._answer_call(snap)
                     elif isinstance(snap, FutureSnapshot):
-                        snap = await self._settle(snap)
+                        current, answer = await self._settle(snap)
                     elif isinstance(snap, NameLookupSnapshot):
-                        snap = snap.resume()  # an undefined name: NameError inside the snippet
+                        current, answer = snap, NAME_LOOKUP  # an undefined name: NameError inside the snippet
                     else:  # pragma: no cover - Monty's sync API has no other snapshot kind
                         raise TypeError(f"unexpected Monty snapshot {snap!r}")
-                content = bounded_result(snap.output, self._printed(), max_bytes=limits.max_output_bytes)
-                return SnippetOutcome(kind="ok", content=content, calls=self._calls)
+                    snap = await self._next_stretch(current, answer)
+                if isinstance(snap, _Completed):
+                    self._repl.adopt(snap.state)
+                    output = snap.output
+                else:
+                    output = snap.output
+                content = bounded_result(output, self._printed(), max_bytes=limits.max_output_bytes)
+                return self._with_compute(SnippetOutcome(kind="ok", content=content, calls=self._calls))
             finally:
                 self._cancel_pending()
+        except _SnippetEnded as ended:
+            ended.outcome.calls = self._calls
+            return self._with_compute(ended.outcome)
         except MontySyntaxError as e:
             return self._rejected("SyntaxError", e.display("type-msg"), e)
         except MontyTypingError as e:
             return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names), e)
         except MontyRuntimeError as e:
-            if _is_time_limit(e):
+            if _is_time_limit(e) and not self._escalating:
                 return SnippetOutcome(
                     kind="compute_limit",
                     content={
@@ -365,15 +480,239 @@ class _SnippetDriver:
                     },
                     calls=self._calls,
                 )
-            error = bounded_result(None, self._printed(), max_bytes=limits.max_output_bytes)
-            error["error"] = output_overflow_message(e.display("type-msg"), collector_cap=limits.max_output_bytes + 1,
-                                                     limit=limits.max_output_bytes) or e.display("type-msg")
-            error["traceback"] = e.display()
-            return SnippetOutcome(kind="error", content=error, calls=self._calls)
+            return SnippetOutcome(kind="error", content=self._error_content(e.display("type-msg"), e.display()),
+                                  calls=self._calls)
         except MontyCrashedError as e:
             return self._crashed(str(e))
         except MontyError as e:  # disconnects, conversion errors: the session cannot be trusted any more
             return self._crashed(f"{type(e).__name__}: {e}")
+
+    def _with_compute(self, outcome: SnippetOutcome) -> SnippetOutcome:
+        if self._computed_seconds:
+            outcome.computed_seconds = round(self._computed_seconds, 3)
+        return outcome
+
+    def _error_content(self, message: str, traceback: str | None) -> dict[str, Any]:
+        limits = self._spec.limits
+        error = bounded_result(None, self._printed(), max_bytes=limits.max_output_bytes)
+        error["error"] = output_overflow_message(message, collector_cap=limits.max_output_bytes + 1,
+                                                 limit=limits.max_output_bytes) or message
+        if traceback is not None:
+            error["traceback"] = traceback
+        return error
+
+    # -- stretches
+
+    def _feed(self, session: pydantic_monty.MontySession) -> Any:
+        try:
+            return session.feed_start(self._code, print_callback=self._streams)
+        except MontyTypingError as e:
+            if _real_type_errors(e, lenient_names=self._repl.lenient_names):
+                raise
+            self._repl.lenient_names = True
+            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
+
+    async def _first_stretch(self) -> Any:
+        """Stretch 0: check out a session, load the REPL, start the snippet."""
+        seed = workflow.random().getrandbits(63)  # drawn first, always: the same draws live and on replay
+        if not self._escalating:
+            session, self.lost_note = self._repl.open_session(seed)
+            return self._feed(session)
+        self._start_state = self._repl.idle_dump
+        self._base = _Base("feed", self._start_state, printed="")
+        if _replaying() and workflow.patched(self._marker(0)):
+            return await self._from_activity(self._request(seed))
+        started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
+        try:
+            session, self.lost_note = self._repl.open_session(seed)
+            if self.lost_note is not None:
+                self._start_state = self._base.state = None
+            snap = self._feed(session)
+        except MontyRuntimeError as e:
+            if not _is_time_limit(e):
+                raise
+            return await self._went_over(self._request(seed), killed=e)  # see `_next_stretch`
+        except (MontySyntaxError, MontyTypingError):
+            raise
+        except MontyError as e:
+            return await self._went_over(self._request(seed), killed=e)
+        return await self._timed(snap, started, seed)
+
+    async def _next_stretch(self, current: Any, answer: Any) -> Any:
+        """Answer a host round trip: the program computes on to its next one, or its end."""
+        self._stretch += 1
+        if not self._escalating:
+            if isinstance(current, _Parked):
+                current = self._repl.unpark(current.state, self._streams, draw_seed=current.draw_seed)
+            return current.resume() if answer is NAME_LOOKUP else current.resume(answer)
+        assert self._base is not None
+        if isinstance(current, _Parked):
+            self._base = _Base("snapshot", current.state, printed=self._printed())
+        self._base.answers.append(answer)
+        if _replaying() and workflow.patched(self._marker(self._stretch)):
+            self._repl.close()
+            return await self._from_activity(self._request())
+        started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
+        try:
+            if isinstance(current, _Parked):
+                current = self._repl.unpark(current.state, self._streams)
+            snap = current.resume() if answer is NAME_LOOKUP else current.resume(answer)
+        except MontyRuntimeError as e:
+            if not _is_time_limit(e):
+                raise
+            # The session's own limit (`max_compute_seconds`, when under the backstop) is wall time too: the
+            # activity decides the runaway, where the replay reads it.
+            return await self._went_over(self._request(), killed=e)
+        except (MontySyntaxError, MontyTypingError):
+            raise
+        except MontyError as e:
+            return await self._went_over(self._request(), killed=e)
+        return await self._timed(snap, started)
+
+    async def _timed(self, snap: Any, started: float, seed: int = 0) -> Any:
+        """A live stretch that finished in workflow code: recorded if it was past the in-workflow budget."""
+        if _replaying():
+            return snap  # a replay decides nothing by the clock: over-budget stretches have their marker
+        took = time.monotonic() - started  # determinism: ok (timed live only; what it decides is recorded)
+        self._activation_seconds += took
+        limits = self._spec.limits
+        if took <= limits.max_turn_seconds and self._activation_seconds <= limits.max_feed_seconds:
+            return snap
+        outcome = self._outcome_of(snap, took)
+        if outcome is None:
+            return snap  # too big to record without a payload store: a replay computes it again
+        request = self._request(seed)
+        request.start, request.state, request.answers, request.computed = "computed", None, [], outcome
+        if outcome.kind == "suspended" and _pool.try_hold():
+            # The program is where the record says: it keeps its process over the recording (see `_may_hold`).
+            try:
+                return await self._went_over(request, keep=snap)
+            finally:
+                _pool.release_hold()
+        return await self._went_over(request)
+
+    def _outcome_of(self, snap: Any, took: float) -> ComputeResult | None:
+        """What a stretch computed in workflow code came to, to record; `None` if it is too big to."""
+        assert self._base is not None
+        session = self._repl.session
+        if isinstance(snap, MontyComplete):
+            state = session.dump() if session is not None else None
+            kind: Literal["suspended", "complete"] = "complete"
+        else:
+            state, kind = snap.dump(), "suspended"
+        encoded = encode_dump(state)
+        if encoded_size(encoded) > _DUMP_LIMIT_WITHOUT_STORE and not self._spec.payload_store:
+            return None
+        return ComputeResult(kind=kind, state=encoded, where="workflow", seconds=took,
+                             output=jsonable(snap.output) if isinstance(snap, MontyComplete) else None,
+                             printed=self._printed()[len(self._base.printed):])
+
+    def _request(self, seed: int = 0) -> ComputeRequest:
+        """The compute activity's input: the stretch from the last dump (unchecked on replay: never re-sent)."""
+        base = self._base
+        assert base is not None
+        if _replaying():  # never sent: the replay takes the recorded result (Temporal compares no inputs)
+            return ComputeRequest(agent=self._spec.agent, run_code_id=self._run_code_id, start=base.start,
+                                  state=None, limits=self._spec.limits)
+        return ComputeRequest(
+            agent=self._spec.agent, run_code_id=self._run_code_id, start=base.start, state=encode_dump(base.state),
+            code=self._code if base.start == "feed" else "", answers=[encode_answer(a) for a in base.answers],
+            limits=self._spec.limits, seed=seed,
+            max_dump_bytes=None if self._spec.payload_store else _DUMP_LIMIT_WITHOUT_STORE)
+
+    def _marker(self, stretch: int) -> str:
+        return compute_marker(self._snippet, self._run_code_id, stretch)
+
+    async def _went_over(self, request: ComputeRequest, *, killed: MontyError | None = None,
+                         keep: Any = None) -> Any:
+        """Live: record that this stretch comes from the compute activity, then get it from there."""
+        if killed is not None and _replaying():
+            # Only a live stretch may be recorded; a replayed one that dies (the replay pool has no backstop, so
+            # a real crash) cannot take another path than the run it replays: fail the task, to be retried.
+            raise SandboxUnavailableError(
+                f"a replayed stretch of {self._run_code_id} stopped in its sandbox ({type(killed).__name__}: "
+                f"{killed}); the workflow task will be retried") from killed
+        if request.max_dump_bytes is not None and encoded_size(request.state) > request.max_dump_bytes:
+            self._repl.close()
+            raise _SnippetEnded(self._lost(_too_large(encoded_size(request.state))))
+        workflow.patched(self._marker(self._stretch))  # live: records the marker, before the activity's command
+        if keep is None:
+            self._repl.close()
+        return await self._from_activity(request, keep=keep)
+
+    async def _from_activity(self, request: ComputeRequest, *, keep: Any = None) -> Any:
+        """The stretch's outcome from the compute activity (recorded live, read from the history on replay).
+
+        `keep`: the live snapshot the recorded outcome is a dump of, still in its process: it goes on from there.
+        """
+        limits = self._spec.limits
+        recorded = request.start == "computed"
+        summary = (f"{self._run_code_id}: records a stretch computed in workflow code past its budget "
+                   f"({limits.max_turn_seconds:g} s)" if recorded else
+                   f"{self._run_code_id}: computes past its in-workflow budget ({limits.max_turn_seconds:g} s)")
+        try:
+            result = await workflow.execute_activity(
+                COMPUTE_ACTIVITY, request, result_type=ComputeResult,
+                activity_id=compute_activity_id(self._run_code_id, self._stretch),
+                start_to_close_timeout=timedelta(seconds=limits.max_compute_seconds + 30),
+                heartbeat_timeout=_COMPUTE_HEARTBEAT, retry_policy=_COMPUTE_RETRY, summary=summary)
+        except ActivityError as e:
+            cause = e.cause.message if isinstance(e.cause, ApplicationError) else str(e.cause or e)
+            raise _SnippetEnded(self._lost(f"its compute activity failed: {cause}")) from e
+        self._waited()
+        if result.where == "activity":  # from the result, so a replay decides the same
+            self._computed_seconds += result.seconds
+            self._repl.lenient_names = True  # it ran unchecked: later checks may not know the names it defined
+        assert self._base is not None
+        state = decode_dump(result.state)
+        if keep is not None and result.kind == "suspended" and state is not None:
+            self._base = _Base("snapshot", state, printed=self._printed())
+            return keep  # its prints went to `_streams`, as the recorded ones say
+        self._printed_before = self._base.printed + result.printed
+        self._streams = CollectStreams(max_bytes=limits.max_output_bytes + 1)
+        if result.kind == "suspended" and state is not None:
+            snap = self._load_outcome(state)
+            self._base = _Base("snapshot", state, printed=self._printed())
+            return snap
+        if result.kind == "complete":
+            return _Completed(output=result.output, state=state)
+        if result.kind == "error":
+            self._repl.adopt(state)
+            raise _SnippetEnded(SnippetOutcome(kind="error", content=self._error_content(
+                result.error or "the program failed", result.traceback)))
+        if result.kind == "too_large":
+            raise _SnippetEnded(self._lost(_too_large(int(result.error or 0))))
+        if result.kind == "runaway":
+            raise _SnippetEnded(self._lost(
+                f"it computed for more than {limits.max_compute_seconds:g} s without a tool call or other host "
+                f"round trip ({result.error}): a runaway loop, or work to split into smaller steps "
+                "(SnippetLimits.max_compute_seconds)"))
+        raise _SnippetEnded(self._lost(f"its sandbox process failed ({result.error})"))
+
+    def _load_outcome(self, state: bytes) -> Any:
+        """Load where the compute activity left the program; a process that dies under the load is replaced.
+
+        Loading decides nothing (no command depends on how long it takes), so a second try is replay-safe; a
+        second failure fails the workflow task, and Temporal retries it.
+        """
+        try:
+            return self._repl.unpark(state, self._streams)
+        except MontyCrashedError:
+            self._repl.close()
+        try:
+            return self._repl.unpark(state, self._streams)
+        except MontyCrashedError as e:
+            self._repl.close()
+            raise SandboxUnavailableError(
+                f"the sandbox process died twice loading {self._run_code_id}'s program ({len(state):,} bytes) back "
+                f"from its compute activity ({e}); the workflow task will be retried") from e
+
+    def _lost(self, why: str) -> SnippetOutcome:
+        """The snippet fails and the REPL goes back to what it was before it."""
+        self._repl.adopt(self._start_state)
+        return SnippetOutcome(kind="error", content=self._error_content(
+            f"The program was stopped: {why}. The REPL is as it was before this run_code call (its variables are "
+            "kept; what this program assigned is not). Tool calls it made did happen.", None))
 
     def _stopped(self) -> SnippetOutcome:
         # Not resumed, the program never continues; its session is mid-snippet, so the REPL goes with it.
@@ -427,28 +766,29 @@ class _SnippetDriver:
             calls=self._calls,
         )
 
-    async def _answer_call(self, snap: FunctionSnapshot) -> Any:
+    async def _answer_call(self, snap: FunctionSnapshot) -> tuple[Any, Any]:
+        """The answer to a call, and what to give it to."""
         if snap.is_os_function:
             return await self._answer_os_call(snap)
         name = snap.function_name
         if name not in self._tools:
-            return snap.resume({"exc_type": "NameError", "message": f"name '{name}' is not defined"})
+            return snap, {"exc_type": "NameError", "message": f"name '{name}' is not defined"}
         if snap.args:
-            return snap.resume({
+            return snap, {
                 "exc_type": "TypeError",
                 "message": f"{name}() takes keyword arguments only, e.g. {name}(id=1); got {len(snap.args)} "
                 "positional",
-            })
+            }
         if self._n >= self._spec.limits.max_tool_calls:
-            return snap.resume({
+            return snap, {
                 "exc_type": "RuntimeError",
                 "message": f"tool call limit reached: a program may make {self._spec.limits.max_tool_calls} "
                 "tool calls; split the work across several run_code calls",
-            })
+            }
         kwargs = dict(snap.kwargs)
         refusal, size = self._refused(name, kwargs)
         if refusal is not None:
-            return snap.resume(cast(Any, refusal))  # a Settled exception answer, as Monty's TypedDict
+            return snap, cast(Any, refusal)  # a Settled exception answer, as Monty's TypedDict
         self._args_in_flight[snap.call_id] = size
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
@@ -460,45 +800,45 @@ class _SnippetDriver:
             call_id=call_id, tool=name, args=preview(kwargs), status="cancelled",
             result="the program ended before this call finished; the tool may still have run",
             started_at=now, finished_at=now)
-        return snap.resume({"future": ...})
+        return snap, {"future": ...}
 
-    async def _answer_os_call(self, snap: FunctionSnapshot) -> Any:
+    async def _answer_os_call(self, snap: FunctionSnapshot) -> tuple[Any, Any]:
         name = snap.function_name
         args = snap.args
         now = workflow.now()
         if name == "datetime.now":
             tz = args[0] if args else None
             value: Any = now.astimezone(tz) if tz is not None else now.replace(tzinfo=None)
-            return snap.resume({"return_value": value})
+            return snap, {"return_value": value}
         if name == "date.today":
-            return snap.resume({"return_value": now.date()})
+            return snap, {"return_value": now.date()}
         if name == "time.time":
-            return snap.resume({"return_value": now.timestamp()})
+            return snap, {"return_value": now.timestamp()}
         if name in ("time.sleep", "asyncio.sleep"):
             seconds = float(args[0]) if args else 0.0
             if name == "asyncio.sleep":
                 self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
-                return snap.resume({"future": ...})
+                return snap, {"future": ...}
             if seconds > 0:  # a durable timer: the program waits without its process
                 state = self._repl.park(snap)
                 await self._sleep(seconds)
-                snap = self._repl.unpark(state, self._streams)
-                self._answers = 0
-            return snap.resume({"return_value": None})
+                self._waited()
+                return _Parked(state), {"return_value": None}
+            return snap, {"return_value": None}
         if name == "os.getenv":
             key = args[0] if args else None
             default = args[1] if len(args) > 1 else None
-            return snap.resume({"return_value": self._spec.env.get(str(key), default)})
+            return snap, {"return_value": self._spec.env.get(str(key), default)}
         if name == "os.environ":
-            return snap.resume({"return_value": dict(self._spec.env)})
+            return snap, {"return_value": dict(self._spec.env)}
         if name == "os.urandom":
             n = min(int(args[0]) if args else 0, 1 << 20)
-            return snap.resume({"return_value": workflow.random().randbytes(n)})
+            return snap, {"return_value": workflow.random().randbytes(n)}
         if name in ("import_stubs", "import"):
             modules = args[0] if args and isinstance(args[0], list) else list(args)
-            return snap.resume({"exc_type": "ModuleNotFoundError", "message": f"No module named "
-                                f"{', '.join(repr(m) for m in modules) or '?'}: {_IMPORTS_MESSAGE}"})
-        return snap.resume({"exc_type": "PermissionError", "message": f"{name}: {_FILE_FUNCTIONS_MESSAGE}"})
+            return snap, {"exc_type": "ModuleNotFoundError", "message": f"No module named "
+                                f"{', '.join(repr(m) for m in modules) or '?'}: {_IMPORTS_MESSAGE}"}
+        return snap, {"exc_type": "PermissionError", "message": f"{name}: {_FILE_FUNCTIONS_MESSAGE}"}
 
     @staticmethod
     async def _sleep(seconds: float) -> tuple[Settled, CallRecord | None]:
@@ -506,16 +846,23 @@ class _SnippetDriver:
             await workflow.sleep(seconds)
         return {"return_value": None}, None
 
-    async def _settle(self, snap: FutureSnapshot) -> Any:
+    async def _settle(self, snap: FutureSnapshot) -> tuple[Any, Any]:
         ids = sorted(snap.pending_call_ids)
         futures = [self._pending[i] for i in ids]
+        current: Any = snap
         if not any(f.done() for f in futures):
-            # The program waits on Temporal: release its process for the wait (see the module docstring).
             for_people = self._waiting_on_people(ids)
-            state = self._repl.park(snap)
-            await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
-            self._answers = 0
-            snap = self._repl.unpark(state, self._streams, draw_seed=for_people)
+            if self._may_hold(ids, for_people) and _pool.try_hold():
+                # A short wait on tool calls: the program keeps its process, saving a dump and a load.
+                try:
+                    await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    _pool.release_hold()
+            else:
+                # The program waits on Temporal: release its process for the wait (see the module docstring).
+                current = _Parked(self._repl.park(snap), draw_seed=for_people and not self._escalating)
+                await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+            self._waited()
         answers: dict[int, Any] = {}
         for i in ids:  # ascending: see the module docstring
             future = self._pending[i]
@@ -527,7 +874,17 @@ class _SnippetDriver:
                 if record is not None:
                     self._calls.append(record)
                 answers[i] = settled
-        return snap.resume(answers)
+        return current, answers
+
+    def _may_hold(self, ids: list[int], for_people: bool) -> bool:
+        """Whether the program may keep its process while it waits on `ids` (see `_pool.try_hold`).
+
+        Only in live tasks of runs with compute escalation, only for waits on tool calls (not people, not
+        timers: both can be long), and only while the last dump is recent enough to compute from again (a
+        process that dies while held is replaced by the compute activity, from `_base` with the answers since).
+        """
+        return (self._escalating and not for_people and not _replaying() and self._base is not None
+                and len(self._base.answers) < _MAX_ANSWERS_SINCE_DUMP and all(i in self._started for i in ids))
 
     def _waiting_on_people(self, ids: list[int]) -> bool:
         # Whether every pending call waits for a human. Such programs were the only ones parked before every
