@@ -76,6 +76,10 @@ class LedgerTask:
     payout: bool = False
     model_hang: float = 0.0
     """Seconds the model's first attempt at the first turn hangs (noted in the ledger), for a kill to land in it."""
+    compute_loops: int = 0
+    """Iterations of pure compute the program does after its gathers (15M: ~3 s in Monty): past its in-workflow
+    budget, so it goes on in the compute activity. Its result is checked inside the program (`got` stays right
+    only if the loop computed the value the host did)."""
 
     def prompt(self) -> str:
         """The run's prompt."""
@@ -95,6 +99,10 @@ for b in range({self.gathers}):
     batch = await asyncio.gather(*(deposit(account=acc, cents=100 * b + j + 1, pause_ms={self.pause_ms})
                                    for j in range({self.width})))
     got += sum(batch)
+spin = 0
+for i in range({self.compute_loops}):
+    spin = (spin + i * i) % 1_000_003
+got += spin - {self.spin()}
 for k in range({self.sequential}):
     got += await deposit(account=acc, cents=k + 1, pause_ms={self.pause_ms})
 paid = 0
@@ -107,6 +115,13 @@ for k in range({self.after}):
     got += await deposit(account=acc, cents=1000 + k, pause_ms={self.pause_ms})
 [got, paid, await balance(account=acc)]
 """
+
+    def spin(self) -> int:
+        """What the program's compute loop comes to, computed here."""
+        spin = 0
+        for i in range(self.compute_loops):
+            spin = (spin + i * i) % 1_000_003
+        return spin
 
     def mutations(self) -> int:
         """Side effects the program makes when the payout (if any) is approved; one fewer when it is denied."""
