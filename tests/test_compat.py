@@ -81,5 +81,5 @@ def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.M
             infer_model(model)
         found = _KEY_VARIABLE.search(str(missing.value))
         assert found is not None and found.group(1) == variable, str(missing.value)
-    with pytest.raises(UserError, match="^Unknown model: nosuchprovider:x"):
+    with pytest.raises(UserError, match=r"^Unknown model: nosuchprovider:x"):
         infer_model("nosuchprovider:x")  # before any provider is built: `unknown_model` calls it for this message

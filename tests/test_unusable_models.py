@@ -62,7 +62,7 @@ async def test_an_unknown_model_is_refused_before_anything_starts(client: Client
 
 
 async def test_a_model_object_per_run_is_refused(client: Client) -> None:
-    with pytest.raises(InvalidRunInputError, match="model must be a pydantic-ai model string .* got FunctionModel"):
+    with pytest.raises(InvalidRunInputError, match=r"model must be a pydantic-ai model string .* got FunctionModel"):
         await start_run(client, "anyone", "hi", task_queue=new_task_queue(),
                         model=scripted_model("hi"))  # type: ignore[arg-type]
 
