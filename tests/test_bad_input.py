@@ -189,6 +189,8 @@ async def test_cli_bad_input(client: Client, tmp_path: Path, monkeypatch: pytest
         (("run", "echo", "hi", "--messages", str(tmp_path / "missing.json")), NOWHERE, 2,
          ("cannot read the messages file",)),
         (("run", "nosuch", "hi", "--task-queue", tq), address, 1, ("no agent named 'nosuch'",)),
+        (("run", "echo", "hi", "--task-queue", tq, "--model", "nosuchprovider:x"), address, 2,
+         ("the run's model 'nosuchprovider:x': pydantic-ai does not know it",)),
         (("runs",), NOWHERE, 2, (f"cannot reach a Temporal server at {NOWHERE}", "TEMPORAL_ADDRESS")),
         (("run", "echo", "hi"), NOWHERE, 2, (f"cannot reach a Temporal server at {NOWHERE}",)),
         (("approvals", lost), address, 2, (f"no run with id '{lost}'",)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import durable_codemode
 from durable_codemode import _names
 
@@ -58,3 +60,26 @@ def test_the_pydantic_ai_surface_we_read_is_there() -> None:
     built_in = {type(c) for c in plain.root_capability.capabilities}  # type: ignore[attr-defined]
     hooked = Agent("test", capabilities=[Hooks()])
     assert {type(c) for c in hooked.root_capability.capabilities} - built_in == {Hooks}  # type: ignore[attr-defined]
+
+
+def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_models` knows providers by name without building one, and reads a missing key's variable from the message."""
+    from pydantic_ai.exceptions import UserError
+    from pydantic_ai.models import infer_model, parse_model_id
+    from pydantic_ai.providers import infer_provider_class
+
+    from durable_codemode._models import _KEY_VARIABLE
+
+    assert parse_model_id("openai:gpt-5") == ("openai", "gpt-5")
+    assert parse_model_id("gpt-5") == (None, "gpt-5")
+    infer_provider_class("anthropic")
+    with pytest.raises(ValueError):
+        infer_provider_class("nosuchprovider")
+    for model, variable in [("openai:gpt-5", "OPENAI_API_KEY"), ("anthropic:claude-sonnet-4-5", "ANTHROPIC_API_KEY")]:
+        monkeypatch.delenv(variable, raising=False)
+        with pytest.raises(UserError) as missing:
+            infer_model(model)
+        found = _KEY_VARIABLE.search(str(missing.value))
+        assert found is not None and found.group(1) == variable, str(missing.value)
+    with pytest.raises(UserError, match=r"^Unknown model: nosuchprovider:x"):
+        infer_model("nosuchprovider:x")  # before any provider is built: `unknown_model` calls it for this message

@@ -17,6 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
 from .._errors import CodeModeUserError, InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
+from .._models import unknown_model
 from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
@@ -113,6 +114,27 @@ def check_usage_limits(limits: UsageLimits | None) -> UsageLimits | None:
     return limits
 
 
+def check_run_model(model: str | None) -> str | None:
+    """A run's model string, checked as far as a client can: pydantic-ai must know its provider.
+
+    Its API key is the worker's business (clients need none): a worker without it fails the run at its first step.
+
+    Raises:
+        InvalidRunInputError: not a string, or pydantic-ai does not know the model (no such provider).
+
+    """
+    if model is None:
+        return None
+    if not isinstance(model, str):
+        raise InvalidRunInputError(f"model must be a pydantic-ai model string such as 'openai:gpt-5', got "
+                                   f"{type(model).__name__}: a run records its model, so a Model object cannot "
+                                   "be passed; give the agent that model instead")
+    problem = unknown_model(model)
+    if problem:
+        raise InvalidRunInputError(f"the run's model {model!r}: {problem}")
+    return model
+
+
 def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) -> tuple[Any, str | None]:
     """`deps` checked for a run: `(deps, the qualified name of its class when it is not plain JSON)`.
 
@@ -165,7 +187,9 @@ async def start_run(
             checks `deps` against its `deps_type` here, before anything starts.
         prompt: the user's prompt; may be empty only when `message_history` ends with a request.
         task_queue: the workers' task queue.
-        model: a pydantic-ai model string overriding the agent's model for this run.
+        model: a pydantic-ai model string overriding the agent's model for this run. Its provider must be one
+            pydantic-ai knows (checked here); its API key must be set on the workers (checked at the run's first
+            step, which fails the run at once, naming the variable, when it is not).
         message_history: earlier messages to continue a conversation.
         deps: this run's deps, as in `Agent.run(deps=...)`: `ctx.deps` of its tools (in the sandbox and native),
             dynamic instructions and `prepare` functions. A dataclass, pydantic model, TypedDict or plain JSON,
@@ -180,12 +204,13 @@ async def start_run(
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
 
     Raises:
-        InvalidRunInputError: an empty agent name or prompt, a malformed message history, deps that cannot be
-            serialized, are too large or (given the agent) of the wrong type, or usage limits a durable run cannot
-            check; nothing started.
+        InvalidRunInputError: an empty agent name or prompt, a model pydantic-ai does not know, a malformed
+            message history, deps that cannot be serialized, are too large or (given the agent) of the wrong type,
+            or usage limits a durable run cannot check; nothing started.
 
-    A run naming an agent that no worker on `task_queue` serves fails at once (its first step asks the worker to
-    describe the agent), with the worker's "no agent named ..." message as the failure.
+    A run naming an agent that no worker on `task_queue` serves, or a model the worker cannot use (its API key is
+    not set there), fails at once at its first step (the worker describes the agent), not retried, with the
+    worker's message ("no agent named ...", "... OPENAI_API_KEY is not set ...") as the failure.
 
     """
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
@@ -194,8 +219,9 @@ async def start_run(
     if model_settings is not None and not isinstance(model_settings, dict):
         raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
                                    f"{type(model_settings).__name__}")
-    run_input = RunInput(agent=name, prompt=prompt_or_none, model=model, message_history=history, deps=run_deps,
-                         deps_type=deps_type, model_settings=dict(model_settings) if model_settings else None,
+    run_input = RunInput(agent=name, prompt=prompt_or_none, model=check_run_model(model), message_history=history,
+                         deps=run_deps, deps_type=deps_type,
+                         model_settings=dict(model_settings) if model_settings else None,
                          usage_limits=check_usage_limits(usage_limits))
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:

@@ -90,10 +90,15 @@ class CodeModeActivities:
         return [self.describe_agent, self.model_request, self.seal_repl, self.compute, self.run_tool]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
-    async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None) -> AgentSpec:
-        """Record the agent's spec at the start of a run (with its deps: dynamic instructions and tools see them)."""
+    async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
+                             model: str | None = None) -> AgentSpec:
+        """Record the agent's spec at the start of a run (with its deps: dynamic instructions and tools see them).
+
+        The run's model is built here first: a missing key or unknown model fails the run at its first step, not
+        retried. (`model` comes last, with a default: runs started before it was passed schedule three arguments.)
+        """
         try:
-            spec = await self.agent(name).describe(deps, deps_type=deps_type)
+            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model)
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:
@@ -117,7 +122,11 @@ class CodeModeActivities:
 
     @activity.defn(name=MODEL_REQUEST_ACTIVITY)
     async def model_request(self, input: ModelRequestInput) -> ModelResponse:
-        """One request to the agent's model (or the run's override), heartbeating while it waits."""
+        """One request to the agent's model (or the run's override), heartbeating while it waits.
+
+        A model that cannot work (no key, unknown, package missing) and pydantic-ai's `UserError` are final; HTTP
+        errors are retried unless they are client errors that would fail the same way again.
+        """
         try:
             return await heartbeating(self.agent(input.agent).request(
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings))

@@ -26,6 +26,7 @@ from pydantic_ai.usage import RunUsage
 
 from .._config import SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
+from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import render_stubs, run_code_tool_definition
@@ -270,11 +271,14 @@ class CodeModeAgent:
 
     # -- activity bodies --------------------------------------------------------------------------------------
 
-    async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None) -> AgentSpec:
+    async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
+                       model: str | None = None) -> AgentSpec:
         """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
 
-        Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`).
+        Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`). The run's model
+        (`model`, else the agent's) is built first, so one that cannot work fails the run before any model request.
         """
+        self.resolve_model(model)
         deps = self.run_deps(raw_deps, type_name=deps_type)
         captured: dict[str, Any] = {}
 
@@ -306,10 +310,10 @@ class CodeModeAgent:
                                   heartbeat_timeout=options.heartbeat_timeout))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
-        model = self.agent.model
+        own = self.agent.model
         return AgentSpec(
             agent=self.name,
-            model_name=model.model_name if isinstance(model, Model) else str(model),
+            model_name=own.model_name if isinstance(own, Model) else str(own),
             instructions=captured.get("instructions"),
             system_prompts=captured.get("system_prompts", []),
             code_mode=self.code_mode,
@@ -322,13 +326,37 @@ class CodeModeAgent:
             compute_escalation=True,
         )
 
+    def check_model(self) -> None:
+        """Build the agent's model if it is a string, so one that cannot work stops the worker from starting.
+
+        pydantic-ai builds a model given as a string when the agent is built, unless `defer_model_check=True`;
+        this is that check, on the worker (where the key must be), not in every process importing the agent.
+
+        Raises:
+            CodeModeUserError: the provider's API key is not set here, the model is unknown, or its provider's
+                package is not installed (the message names the variable or the package).
+
+        """
+        model = self.agent.model
+        if isinstance(model, str):
+            build_model(model, subject=f"agent {self.name!r}", whose="its model",
+                        otherwise="give the agent another model (every run then uses start_run(model=...))")
+
     def resolve_model(self, override: str | None) -> Model:
-        """The model for a request: the run's model string if it has one, else the agent's model."""
+        """The model for a request: the run's model string if it has one, else the agent's model.
+
+        Raises:
+            CodeModeUserError: no model at all, or one that cannot work here (`check_model`): not retried.
+
+        """
         chosen = override or self.agent.model
         if chosen is None:
             raise CodeModeUserError(f"agent {self.name!r} has no model: pass one to Agent(...) or start the run "
                                     "with a model string (e.g. `--model openai:gpt-5`)")
-        return chosen if isinstance(chosen, Model) else infer_model(chosen)
+        if isinstance(chosen, Model):
+            return chosen
+        return build_model(chosen, subject=f"agent {self.name!r}", whose="the run's model" if override else "its model",
+                           otherwise="start the run with another model (start_run(model=...), codemode run --model)")
 
     async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
                       deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> ModelResponse:

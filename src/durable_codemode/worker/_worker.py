@@ -154,8 +154,9 @@ def create_worker(
             is refused.
 
     Raises:
-        CodeModeUserError: no agents, or two with one name; more workflow task slots than sandbox processes;
-            tracing without the SDK or a replay-safe provider.
+        CodeModeUserError: no agents, or two with one name; an agent whose model string cannot work here (its
+            provider's API key is not set: the message names the variable); more workflow task slots than sandbox
+            processes; tracing without the SDK or a replay-safe provider.
 
     """
     if not agents:
@@ -165,6 +166,8 @@ def create_worker(
             "the client does not use the pydantic data converter; create it with durable_codemode.connect() "
             "or Client.connect(..., plugins=[CodeModePlugin()])"
         )
+    for agent in agents:
+        agent.check_model()
     settings = configure_pool(pool or PoolSettings())
     slots = _workflow_task_slots(worker_options, settings)
     warm_up(client.data_converter, _PAYLOAD_TYPES)

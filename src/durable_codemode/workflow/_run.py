@@ -197,7 +197,7 @@ class CodeModeRunWorkflow:
         if cont is None:
             spec = await workflow.execute_local_activity(
                 DESCRIBE_AGENT_ACTIVITY,
-                args=[input.agent, input.deps, input.deps_type],
+                args=[input.agent, input.deps, input.deps_type, input.model],
                 result_type=AgentSpec,
                 start_to_close_timeout=_DESCRIBE_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
