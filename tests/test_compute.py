@@ -240,3 +240,17 @@ async def _compute_attempt_started(handle: WorkflowHandle[Any, Any]) -> None:
             if any(a.activity_type.name == "durable-codemode.compute" and a.state == 2 for a in pending):
                 return  # PENDING_ACTIVITY_STATE_STARTED
             await asyncio.sleep(0.05)
+
+
+async def test_without_a_payload_store_a_state_too_big_to_record_fails_clearly(client: Client) -> None:
+    # 200k rows, then 3 s of compute in the same stretch: it goes on in the activity, and where it gets to (the
+    # rows, a 28 MB dump, 3.4 MB compressed) is over what an activity may return without a payload store.
+    result, _ = await run(client, RunCode("kept = 1"), RunCode(SORT_200K + LOOP_3S),
+                          lambda m: RunCode(f"seen = {last_result(m)['error']!r}\nkept + 1"),
+                          RunCode("first"), echo, limits=SnippetLimits())
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["ok", "error", "ok", "error"]
+    told = snippets[2].code  # what the model was told, as it wrote it back
+    assert "payload store" in told and "CODEMODE_PAYLOAD_STORE" in told
+    assert json.loads(snippets[2].result) == {"result": 2}  # the REPL as before the snippet
+    assert "NameError" in snippets[3].result

@@ -536,7 +536,7 @@ class _SnippetDriver:
             raise
         except MontyError as e:
             return await self._went_over(self._request(seed), killed=e)
-        return await self._timed(snap, started, seed)
+        return await self._timed(snap, started)
 
     async def _next_stretch(self, current: Any, answer: Any) -> Any:
         """Answer a host round trip: the program computes on to its next one, or its end."""
@@ -569,7 +569,7 @@ class _SnippetDriver:
             return await self._went_over(self._request(), killed=e)
         return await self._timed(snap, started)
 
-    async def _timed(self, snap: Any, started: float, seed: int = 0) -> Any:
+    async def _timed(self, snap: Any, started: float) -> Any:
         """A live stretch that finished in workflow code: recorded if it was past the in-workflow budget."""
         if _replaying():
             return snap  # a replay decides nothing by the clock: over-budget stretches have their marker
@@ -581,8 +581,8 @@ class _SnippetDriver:
         outcome = self._outcome_of(snap, took)
         if outcome is None:
             return snap  # too big to record without a payload store: a replay computes it again
-        request = self._request(seed)
-        request.start, request.state, request.answers, request.computed = "computed", None, [], outcome
+        request = ComputeRequest(agent=self._spec.agent, run_code_id=self._run_code_id, start="computed",
+                                 state=None, limits=limits, computed=outcome)
         if outcome.kind == "suspended" and _pool.try_hold():
             # The program is where the record says: it keeps its process over the recording (see `_may_hold`).
             try:
