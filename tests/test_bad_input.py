@@ -119,6 +119,17 @@ async def test_an_agent_the_worker_does_not_serve_fails_fast_and_clearly(client:
     assert EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED not in types  # no model turn, no tool call
 
 
+def test_a_worker_without_a_sandbox_binary_refuses_to_start(client: Client, monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    from durable_codemode import create_worker
+
+    # Without the check the worker started, and every run wedged at its first snippet: the pool could not spawn a
+    # process inside a workflow task, which Temporal retried forever.
+    monkeypatch.setenv("MONTY_BIN", str(tmp_path / "no-such-monty"))
+    with pytest.raises(CodeModeUserError, match=r"cannot run sandboxes: the `monty` binary .*no-such-monty.*MONTY_BIN"):
+        create_worker(client, [echo_agent("echo")], task_queue=new_task_queue())
+
+
 async def test_unknown_run_ids(client: Client) -> None:
     run_id = f"nosuch-{uuid.uuid4().hex[:8]}"
     calls = [pending_approvals(client, run_id), decide(client, run_id, "call_0.0", approved=True),

@@ -83,3 +83,16 @@ def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.M
         assert found is not None and found.group(1) == variable, str(missing.value)
     with pytest.raises(UserError, match=r"^Unknown model: nosuchprovider:x"):
         infer_model("nosuchprovider:x")  # before any provider is built: `unknown_model` calls it for this message
+
+
+def test_the_pydantic_monty_surface_we_read_is_there() -> None:
+    # Private in pydantic-monty: `check_sandbox_binary` resolves the binary the way Monty's pools do, and the
+    # limits that dumps keep (so new runs' sessions carry `max_compute_seconds`) are in `checkout(limits=...)`.
+    import inspect
+
+    from pydantic_monty import Monty, ResourceLimits
+    from pydantic_monty._binary import find_monty_binary
+
+    assert callable(find_monty_binary)
+    assert {"max_turn_duration_secs", "max_feed_duration_secs", "max_memory"} <= set(ResourceLimits.__annotations__)
+    assert "request_timeout" in inspect.signature(Monty).parameters

@@ -23,11 +23,13 @@ import threading
 from dataclasses import dataclass, field
 
 import pydantic_monty
+from pydantic_monty._binary import find_monty_binary
 
 from ._errors import CodeModeUserError
 
 __all__ = [
-    "LIVE_BACKSTOP_SECONDS", "PoolSettings", "configure_pool", "default_max_processes", "get_compute_pool",
+    "LIVE_BACKSTOP_SECONDS", "PoolSettings", "check_sandbox_binary", "configure_pool", "default_max_processes",
+    "get_compute_pool",
     "get_pool", "hold_budget", "live_sessions", "max_sandbox_processes", "release_hold", "reserve_task_slots",
     "shutdown_pool", "try_hold",
 ]
@@ -134,6 +136,24 @@ def reserve_task_slots(slots: int) -> int:
     with _lock:
         _task_slots += slots
         return _task_slots
+
+
+def check_sandbox_binary() -> str:
+    """The `monty` binary the pools will run; raises `CodeModeUserError` if there is none to run.
+
+    Checked when a worker starts: a pool that cannot spawn its processes fails inside workflow tasks, which
+    Temporal retries forever, so every run on the worker would wedge at its first snippet instead.
+    """
+    try:
+        path = find_monty_binary()
+    except FileNotFoundError as e:
+        raise CodeModeUserError(f"this worker cannot run sandboxes: {e}") from e
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise CodeModeUserError(
+            f"this worker cannot run sandboxes: the `monty` binary {path!r} is not an executable file (from "
+            "MONTY_BIN, or the environment's scripts directory); reinstall pydantic-monty in this environment, or "
+            "point MONTY_BIN at the binary")
+    return path
 
 
 def _get(kind: str) -> pydantic_monty.Monty:

@@ -20,7 +20,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
-from .._pool import PoolSettings, configure_pool, reserve_task_slots
+from .._pool import PoolSettings, check_sandbox_binary, configure_pool, reserve_task_slots
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
 from ..workflow._approval_state import serve
@@ -156,7 +156,7 @@ def create_worker(
     Raises:
         CodeModeUserError: no agents, or two with one name; an agent whose model string cannot work here (its
             provider's API key is not set: the message names the variable); more workflow task slots than sandbox
-            processes; tracing without the SDK or a replay-safe provider.
+            processes; tracing without the SDK or a replay-safe provider; no `monty` binary to run sandboxes.
 
     """
     if not agents:
@@ -168,6 +168,7 @@ def create_worker(
         )
     for agent in agents:
         agent.check_model()
+    check_sandbox_binary()
     settings = configure_pool(pool or PoolSettings())
     slots = _workflow_task_slots(worker_options, settings)
     warm_up(client.data_converter, _PAYLOAD_TYPES)
