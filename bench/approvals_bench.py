@@ -21,7 +21,6 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import statistics
 import sys
 import time
@@ -500,15 +499,7 @@ def table(rows: Sequence[LatencyRow], mem: MemoryResult, reps: int, sizes: dict[
 
 async def start_server(verbose: bool) -> WorkflowEnvironment:
     """The dev server, its banner kept off stdout (which carries only the machine line and the table)."""
-    saved_stdout = os.dup(1)
-    sink = os.open(os.devnull, os.O_WRONLY) if not verbose else os.dup(2)
-    try:
-        os.dup2(sink, 1)
-        return await start_dev_server()
-    finally:
-        os.dup2(saved_stdout, 1)
-        os.close(saved_stdout)
-        os.close(sink)
+    return await start_dev_server(banner="stderr" if verbose else "off")
 
 
 def quiet_sdk_core() -> None:

@@ -22,7 +22,6 @@ The ratio is code mode over plain + floor, median of the per-repetition ratios (
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -106,14 +105,7 @@ def plain_monty(pool: Monty) -> float:
 
 async def run(args: argparse.Namespace) -> int:
     print(machine(), flush=True)
-    saved_stdout, sink = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:  # the dev server prints a banner on the stdout it inherits: stdout carries only the table
-        os.dup2(sink, 1)
-        env = await start_dev_server()
-    finally:
-        os.dup2(saved_stdout, 1)
-        os.close(saved_stdout)
-        os.close(sink)
+    env = await start_dev_server(banner="off")  # stdout carries only the table
     rows: dict[str, list[dict[str, float]]] = {scenario: [] for scenario in SCENARIOS}
     try:
         with tempfile.TemporaryDirectory() as store_dir:

@@ -12,7 +12,6 @@ sides use the same dev server and payload store in the same process; one table, 
 from __future__ import annotations
 
 import argparse
-import os
 import secrets
 import sys
 import tempfile
@@ -126,14 +125,7 @@ def ok_text(ok: bool) -> str:
 
 async def run(args: argparse.Namespace) -> int:
     print(machine(), flush=True)
-    saved, sink = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(sink, 1)  # the dev server's banner would land in the table
-        env = await start_dev_server()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(sink)
+    env = await start_dev_server(banner="off")  # the dev server's banner would land in the table
     rows: list[list[str]] = []
     failures = 0
     try:

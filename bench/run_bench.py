@@ -257,18 +257,9 @@ async def run(args: argparse.Namespace) -> int:
     if args.dynamic_config:
         print(f"dev server dynamic config: {', '.join(args.dynamic_config)}", flush=True)
     agents = [make_agent(k, n) for k, n in scenarios]
-    # The dev server prints a banner on its stdout, which it inherits: give it stderr (or nothing), so that
-    # stdout carries only the machine line and the table.
-    saved_stdout = os.dup(1)
-    sink = os.open(os.devnull, os.O_WRONLY) if not args.verbose else os.dup(2)
-    try:
-        os.dup2(sink, 1)
-        env = await start_dev_server(extra_args=[a for kv in args.dynamic_config for a in
-                                                 ("--dynamic-config-value", kv)])
-    finally:
-        os.dup2(saved_stdout, 1)
-        os.close(saved_stdout)
-        os.close(sink)
+    # stdout carries only the machine line and the table: the dev server's banner goes to stderr, or nowhere.
+    env = await start_dev_server(extra_args=[a for kv in args.dynamic_config for a in ("--dynamic-config-value", kv)],
+                                 banner="stderr" if args.verbose else "off")
     try:
         client = env.client
         cm_worker = create_worker(client, agents, task_queue=CODEMODE_QUEUE)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from pydantic_monty import ResourceLimits
+from pydantic_monty import MontyRuntimeError, ResourceLimits
 from temporalio.common import RetryPolicy
 
 from ._errors import CodeModeUserError
@@ -171,6 +171,12 @@ class SnippetLimits:
                 )
         if problems:
             raise CodeModeUserError("invalid SnippetLimits: " + "; ".join(problems))
+
+
+def is_time_limit(error: MontyRuntimeError) -> bool:
+    """Whether `error` is the session's own time limit (`max_turn_duration_secs` / `max_feed_duration_secs`)."""
+    exc = error.exception()
+    return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
 
 
 REPLAY_STRETCH_SECONDS = 60.0

@@ -677,16 +677,7 @@ async def bench_command(args: argparse.Namespace) -> int:
         server = f"{client.service_client.config.target_host} (TEMPORAL_ADDRESS or the Temporal profile)"
         rows = await _bench_on(client, tasks, args, server, progress)
     else:
-        # The dev server prints a banner on the stdout it inherits: stdout is for the tables.
-        saved = os.dup(1)
-        sink = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(sink, 1)
-            env = await start_dev_server()
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-            os.close(sink)
+        env = await start_dev_server(banner="off")  # stdout is for the tables
         async with env:
             server = f"embedded dev server at {env.client.service_client.config.target_host}"
             rows = await _bench_on(env.client, tasks, args, server, progress)

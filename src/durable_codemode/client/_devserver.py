@@ -5,11 +5,14 @@ No download and no network: `temporal server start-dev` runs from the binary pip
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Literal
 
 from temporalio.testing import WorkflowEnvironment
 
@@ -65,6 +68,7 @@ async def start_dev_server(
     ui: bool = False,
     ui_port: int | None = None,
     extra_args: Sequence[str] = (),
+    banner: Literal["stdout", "stderr", "off"] = "stdout",
 ) -> WorkflowEnvironment:
     """Start `temporal server start-dev` on 127.0.0.1 and return an environment whose client is ready for runs.
 
@@ -75,6 +79,8 @@ async def start_dev_server(
         ui_port: UI port; `None` picks one (port + 1000 by the CLI's convention).
         extra_args: more `start-dev` arguments, e.g. `["--dynamic-config-value", "limit.x=1"]`; they come after
             `DEV_SERVER_DEFAULT_ARGS`, so a value given here wins.
+        banner: where the CLI's start-up banner goes. It inherits this process's stdout, so a tool whose stdout
+            carries only its own output (the benchmarks' tables) sends it to `stderr` or turns it `off`.
 
     Use it as `async with await start_dev_server() as env: ...`; leaving the block stops the server.
 
@@ -90,6 +96,29 @@ async def start_dev_server(
                 f"{what} {number} on 127.0.0.1 is in use (another Temporal server?): stop it, pick another port, "
                 f"or use that server by setting TEMPORAL_ADDRESS=127.0.0.1:{number}"
             )
+    with _stdout_to(banner):
+        return await _start_local(db_file=db_file, port=port, ui=ui, ui_port=ui_port, extra_args=extra_args)
+
+
+@contextlib.contextmanager
+def _stdout_to(where: Literal["stdout", "stderr", "off"]) -> Iterator[None]:
+    """File descriptor 1 sent to stderr or nowhere for the block (a child process started in it inherits that)."""
+    if where == "stdout":
+        yield
+        return
+    saved = os.dup(1)
+    sink = os.dup(2) if where == "stderr" else os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(sink, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(sink)
+
+
+async def _start_local(*, db_file: str | Path | None, port: int | None, ui: bool, ui_port: int | None,
+                       extra_args: Sequence[str]) -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
         data_converter=data_converter(store_from_env()),  # CODEMODE_PAYLOAD_STORE, as `connect()`
         dev_server_existing_path=temporal_cli_path(),

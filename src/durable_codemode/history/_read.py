@@ -327,8 +327,6 @@ class _Assembler:
         self.runs = runs
         self.capture = capture
         self.turns: list[TraceTurn] = []
-        self.compute_results: list[tuple[str, dict[str, Any]]] = []
-        """The current run's compute activities: (activity id, result)."""
 
     def summary_of(self, run_index: int) -> list[TurnRecord]:
         """The turn records the run at `run_index` ended with (its result, or the next run's continuation)."""
@@ -354,8 +352,8 @@ class _Assembler:
         requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
         tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY,)]
         calls = [_call_of(a, open_run) for a in tools if a.activity_type != COMPUTE_ACTIVITY]
-        self.compute_results = [(a.activity_id, a.result if isinstance(a.result, dict) else {})
-                                for a in tools if a.activity_type == COMPUTE_ACTIVITY]
+        computes = [(a.activity_id, a.result if isinstance(a.result, dict) else {})
+                    for a in tools if a.activity_type == COMPUTE_ACTIVITY]
         base = len(parsed.input.continuation.turns) if parsed.input.continuation else 0
         for k, request in enumerate(requests):
             index = base + k
@@ -390,11 +388,12 @@ class _Assembler:
                 if not isinstance(part, ToolCallPart):
                     continue
                 if part.tool_name == RUN_CODE_TOOL:
-                    turn.snippets.append(self.snippet(part, calls, returns, summary, open_run, capture))
+                    turn.snippets.append(self.snippet(part, calls, computes, returns, summary, open_run, capture))
                 else:
                     turn.direct_calls.append(self.direct(part, calls, returns))
 
-    def snippet(self, part: ToolCallPart, calls: list[TraceCall], returns: dict[str, ToolReturnPart],
+    def snippet(self, part: ToolCallPart, calls: list[TraceCall], computes: list[tuple[str, dict[str, Any]]],
+                returns: dict[str, ToolReturnPart],
                 summary: TurnRecord | None, open_run: bool, capture: ReplayCapture | None) -> TraceSnippet:
         try:
             args = part.args_as_dict()
@@ -405,9 +404,9 @@ class _Assembler:
         prefix = part.tool_call_id + "."
         snippet.calls = sorted((c for c in calls if c.call_id.startswith(prefix)
                                 and c.call_id[len(prefix):].isdigit()), key=call_order)
-        computes = [c for c in self.compute_results if c[0].startswith(prefix + "compute.")]
-        snippet.recorded_stretches = len(computes)
-        computed = sum(float(r.get("seconds") or 0) for _, r in computes if r.get("where", "activity") == "activity")
+        mine = [r for activity_id, r in computes if activity_id.startswith(prefix + "compute.")]
+        snippet.recorded_stretches = len(mine)
+        computed = sum(float(r.get("seconds") or 0) for r in mine if r.get("where", "activity") == "activity")
         snippet.computed_s = round(computed, 3) if computed else None
         returned = returns.get(part.tool_call_id)
         record = next((s for s in summary.snippets if s.call_id == part.tool_call_id), None) if summary else None

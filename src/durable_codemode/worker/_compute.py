@@ -38,7 +38,7 @@ from pydantic_monty import (
 
 from .. import _pool
 from .._compute_wire import NAME_LOOKUP, decode_answer, decode_dump, encode_dump, encoded_size
-from .._config import monty_limits
+from .._config import is_time_limit, monty_limits
 from .._results import jsonable
 from .._types import ComputeRequest, ComputeResult
 
@@ -56,11 +56,6 @@ def _checkout(request: ComputeRequest) -> MontySession:
     session.__enter__()
     _pool.note_checkout(+1)
     return session
-
-
-def _is_time_limit(error: MontyRuntimeError) -> bool:
-    exc = error.exception()
-    return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
 
 
 class _Stretch:
@@ -114,7 +109,7 @@ class _Stretch:
                     return result("complete", output=jsonable(snap.output), state=encode_dump(session.dump()))
                 return result("suspended", state=encode_dump(snap.dump()))
             except MontyRuntimeError as e:
-                if _is_time_limit(e):
+                if is_time_limit(e):
                     return result("runaway", error=e.display("type-msg"))
                 try:
                     after: str | None = encode_dump(session.dump())

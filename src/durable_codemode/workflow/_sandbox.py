@@ -52,7 +52,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from .. import _pool
 from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
-from .._config import monty_limits
+from .._config import is_time_limit, monty_limits
 from .._names import COMPUTE_ACTIVITY, SANDBOX_GUARDS_PATCH, compute_activity_id, compute_marker, nested_call_id
 from .._results import bounded_result, jsonable, preview
 from .._stubs import TYPE_CHECK_PRELUDE
@@ -157,11 +157,6 @@ def _guarded(spec: AgentSpec) -> bool:
 
 def _replaying() -> bool:
     return workflow.unsafe.is_replaying()
-
-
-def _is_time_limit(error: MontyRuntimeError) -> bool:
-    exc = error.exception()
-    return isinstance(exc, TimeoutError) and "time limit exceeded" in str(exc)
 
 
 _open_repls: dict[str, set[Repl]] = {}
@@ -469,7 +464,7 @@ class _SnippetDriver:
         except MontyTypingError as e:
             return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names), e)
         except MontyRuntimeError as e:
-            if _is_time_limit(e) and not self._escalating:
+            if is_time_limit(e) and not self._escalating:
                 return SnippetOutcome(
                     kind="compute_limit",
                     content={
@@ -522,21 +517,15 @@ class _SnippetDriver:
         self._base = _Base("feed", self._start_state, printed="")
         if _replaying() and workflow.patched(self._marker(0)):
             return await self._from_activity(self._request(seed))
-        started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
-        try:
+        base = self._base
+
+        def start() -> Any:
             session, self.lost_note = self._repl.open_session(seed)
             if self.lost_note is not None:
-                self._start_state = self._base.state = None
-            snap = self._feed(session)
-        except MontyRuntimeError as e:
-            if not _is_time_limit(e):
-                raise
-            return await self._went_over(self._request(seed), killed=e)  # see `_next_stretch`
-        except (MontySyntaxError, MontyTypingError):
-            raise
-        except MontyError as e:
-            return await self._went_over(self._request(seed), killed=e)
-        return await self._timed(snap, started)
+                self._start_state = base.state = None
+            return self._feed(session)
+
+        return await self._live_stretch(start, seed)
 
     async def _next_stretch(self, current: Any, answer: Any) -> Any:
         """Answer a host round trip: the program computes on to its next one, or its end."""
@@ -552,21 +541,31 @@ class _SnippetDriver:
         if _replaying() and workflow.patched(self._marker(self._stretch)):
             self._repl.close()
             return await self._from_activity(self._request())
+
+        def resume() -> Any:
+            snap = self._repl.unpark(current.state, self._streams) if isinstance(current, _Parked) else current
+            return snap.resume() if answer is NAME_LOOKUP else snap.resume(answer)
+
+        return await self._live_stretch(resume)
+
+    async def _live_stretch(self, step: Callable[[], Any], seed: int = 0) -> Any:
+        """Run one stretch (`step`: load if need be, then feed or resume); what stops it goes to the activity.
+
+        A process killed under it (the live backstop, a crash) and the session's own time limit
+        (`max_compute_seconds`, when under the backstop: wall time too) are decided where the replay reads them:
+        the compute activity computes the stretch from the last dump. The program's own errors propagate.
+        """
         started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
         try:
-            if isinstance(current, _Parked):
-                current = self._repl.unpark(current.state, self._streams)
-            snap = current.resume() if answer is NAME_LOOKUP else current.resume(answer)
+            snap = step()
         except MontyRuntimeError as e:
-            if not _is_time_limit(e):
+            if not is_time_limit(e):
                 raise
-            # The session's own limit (`max_compute_seconds`, when under the backstop) is wall time too: the
-            # activity decides the runaway, where the replay reads it.
-            return await self._went_over(self._request(), killed=e)
+            return await self._went_over(self._request(seed), killed=e)
         except (MontySyntaxError, MontyTypingError):
             raise
         except MontyError as e:
-            return await self._went_over(self._request(), killed=e)
+            return await self._went_over(self._request(seed), killed=e)
         return await self._timed(snap, started)
 
     async def _timed(self, snap: Any, started: float) -> Any:
