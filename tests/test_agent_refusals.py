@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.capabilities import Hooks
 
 from durable_codemode import CodeModeAgent, CodeModeUserError
@@ -23,15 +23,20 @@ def test_capabilities_are_refused_by_name() -> None:
         CodeModeAgent(agent)
 
 
-def test_output_validators_are_refused_by_name() -> None:
-    agent = Agent("test", name="checked")
-
-    @agent.output_validator
-    def not_empty(text: str) -> str:
-        return text
-
-    with pytest.raises(CodeModeUserError, match=r"'checked' declares output validators \(1\)"):
+def test_deferred_tool_output_is_refused_by_name() -> None:
+    agent = Agent("test", name="deferring", output_type=[str, DeferredToolRequests])
+    with pytest.raises(CodeModeUserError, match=r"'deferring' declares DeferredToolRequests.*requires_approval"):
         CodeModeAgent(agent)
+
+
+@pytest.mark.parametrize(("options", "named"), [
+    ({"max_concurrency": 2}, r"max_concurrency \(.*max_concurrent_workflow_tasks"),
+    ({"metadata": {"team": "billing"}}, r"metadata \(.*tracing=True"),
+])
+def test_agent_options_a_durable_run_would_not_apply_are_refused_by_name(options: dict[str, object],
+                                                                         named: str) -> None:
+    with pytest.raises(CodeModeUserError, match=named):
+        CodeModeAgent(Agent("test", name="optioned", **options))  # type: ignore[call-overload]
 
 
 def test_a_plain_agent_is_accepted() -> None:

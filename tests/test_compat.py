@@ -14,6 +14,7 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.MODEL_REQUEST_ACTIVITY == "durable-codemode.model_request"
     assert _names.DESCRIBE_AGENT_ACTIVITY == "durable-codemode.describe_agent"
     assert _names.SEAL_REPL_ACTIVITY == "durable-codemode.seal_repl"
+    assert _names.OUTPUT_ACTIVITY == "durable-codemode.output"
     assert _names.SANDBOX_GUARDS_PATCH == "durable-codemode.sandbox-guards"
     assert _names.RUN_CODE_TOOL == "run_code"
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
@@ -57,9 +58,51 @@ def test_the_pydantic_ai_surface_we_read_is_there() -> None:
     plain = Agent("test", deps_type=Deps)
     assert plain.deps_type is Deps
     assert plain._output_validators == []
+    assert plain._max_tool_retries == 1 and Agent("test", retries=3)._max_tool_retries == 3
+    assert plain._concurrency_limiter is None and plain._metadata is None and plain._validation_context is None
+    assert Agent("test", validation_context={"unit": "cents"})._validation_context == {"unit": "cents"}
     built_in = {type(c) for c in plain.root_capability.capabilities}  # type: ignore[attr-defined]
     hooked = Agent("test", capabilities=[Hooks()])
     assert {type(c) for c in hooked.root_capability.capabilities} - built_in == {Hooks}  # type: ignore[attr-defined]
+
+
+async def test_the_pydantic_ai_output_surface_we_read_is_there() -> None:
+    """What `CodeModeAgent` reads of pydantic-ai's output processing (private names), so an upgrade fails here."""
+    from pydantic import BaseModel
+    from pydantic_ai import Agent, CallToolsNode, NativeOutput, PromptedOutput
+    from pydantic_ai._output import types_from_output_spec
+    from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_graph import End
+
+    class Answer(BaseModel):
+        n: int
+
+    for spec, mode in [(Answer, "auto"), (NativeOutput(Answer), "native"), (PromptedOutput(Answer), "prompted")]:
+        schema = Agent("test", output_type=spec)._output_schema
+        assert schema.mode == mode
+        assert schema.object_def is not None and isinstance(schema.allows_text, bool)
+        assert isinstance(schema.allows_image, bool) and not schema.allows_deferred_tools
+        assert not schema.allows_pending_model_response
+    assert isinstance(Agent("test", output_type=PromptedOutput(Answer))._output_schema.template, str | None)
+    assert types_from_output_spec([Answer, str]) == [Answer, str]
+
+    # A probe run's state and step tool manager: the output retry count is set on both before the step runs.
+    def answer(messages: list[object], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {"n": 1})])
+
+    agent = Agent(FunctionModel(answer), output_type=Answer)
+    async with agent.iter(message_history=[ModelRequest(parts=[UserPromptPart("hi")])]) as run:
+        assert run.ctx.state.output_retries_used == 0
+        node = run.next_node
+        while not isinstance(node, End):
+            if isinstance(node, CallToolsNode):
+                manager = run.ctx.deps.tool_manager
+                assert manager.tools is not None and manager.ctx is not None
+                assert {t.tool_def.kind for t in manager.tools.values()} == {"output"}
+                assert isinstance(manager.ctx.retries, dict)
+            node = await run.next(node)
+    assert run.result is not None and run.result.output == Answer(n=1)
 
 
 def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.MonkeyPatch) -> None:

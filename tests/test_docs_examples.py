@@ -69,7 +69,7 @@ from temporalio.worker import Worker
 from durable_codemode import CodeModeAgent, ToolOptions, _pool, pending_approvals, start_run, temporal_cli_path
 from durable_codemode.cli import run_cli
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
-from durable_codemode.testing import RunCode, last_result, running_worker, scripted_model, user_prompt
+from durable_codemode.testing import FinalOutput, RunCode, last_result, running_worker, scripted_model, user_prompt
 
 from ._agents import items_agent
 from .test_debugging import CODE, echo, with_code
@@ -153,15 +153,18 @@ over = [line for line in lines if line['unit_price_cents'] > 5000]
 await asyncio.gather(*(remove_line(line_id=line['line_id']) for line in over))
 len(over)"""
 
-DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], str]]] = {
+DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "Remove everything over $50 a piece": (CART_PROGRAM, lambda result: f"Removed {result['result']} lines."),
     # docs/agents.md, per-run deps: the ticket's id shows the tool saw the run's tenant.
     "What is open?": ("await open_tickets()", lambda result: f"Open: {', '.join(result['result'])}."),
+    # docs/agents.md, structured output: the final answer by the output tool, from the program's result.
+    "Invoice this month": ("sum(await charges())",
+                           lambda result: FinalOutput({"tenant_id": "acme", "total_cents": result["result"]})),
 }
 """What `docs_model` does for each prompt the docs run: the program a model would write, and its answer."""
 
 
-def _script(messages: list[ModelMessage]) -> tuple[str, Callable[[Any], str]]:
+def _script(messages: list[ModelMessage]) -> tuple[str, Callable[[Any], Any]]:
     prompt = user_prompt(messages)
     assert prompt in DOCS_MODEL_SCRIPT, f"docs_model has no script for {prompt!r}: add it to DOCS_MODEL_SCRIPT"
     return DOCS_MODEL_SCRIPT[prompt]

@@ -20,7 +20,7 @@ from ._pool import PoolSettings
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
 from .client._devserver import start_dev_server, temporal_cli_path
-from .client._operations import decide, decide_all, pending_approvals, run_agent, start_run
+from .client._operations import decide, decide_all, pending_approvals, run_agent, run_result, start_run, typed_result
 from .worker._agent import CodeModeAgent, ToolSelector
 from .worker._context import ToolCallContext, current_call
 from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
@@ -65,7 +65,9 @@ __all__ = [
     "decide_all",
     "pending_approvals",
     "run_agent",
+    "run_result",
     "start_dev_server",
     "start_run",
     "temporal_cli_path",
+    "typed_result",
 ]

@@ -16,6 +16,8 @@ __all__ = [
     "COMPUTE_ACTIVITY",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
+    "OUTPUT_ACTIVITY",
+    "OUTPUT_CHECK_SUMMARY",
     "RUN_CODE_TOOL",
     "SANDBOX_GUARDS_PATCH",
     "SEAL_REPL_ACTIVITY",
@@ -40,6 +42,13 @@ MODEL_REQUEST_ACTIVITY = "durable-codemode.model_request"
 
 DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 """Records the agent's instructions, tools, stubs and limits at the start of a run, so replay uses them."""
+
+OUTPUT_ACTIVITY = "durable-codemode.output"
+"""Checks a response that may end the run against the agent's output type and output validators (pydantic-ai's
+own output processing, with the run's deps): the validated output, or pydantic-ai's retry request."""
+
+OUTPUT_CHECK_SUMMARY = "check the output of model turn "
+"""The start of an output activity's summary, followed by its turn's index (read back by `codemode trace`)."""
 
 SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
 """Seals a REPL dump with the worker's key before continue-as-new, and checks the seal after (`_carry`)."""

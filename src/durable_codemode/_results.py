@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["bounded_result", "jsonable", "preview"]
+__all__ = ["answer_text", "bounded_result", "jsonable", "preview"]
 
 
 def jsonable(value: Any) -> Any:
@@ -82,6 +82,11 @@ def bounded_result(value: Any, printed: str, *, max_bytes: int) -> dict[str, Any
         + ". Return less: filter, aggregate or slice in the program, and return counts, ids or a summary."
     )
     return out
+
+
+def answer_text(output: Any) -> str:
+    """A run's output as its reader sees it: the text itself, or a structured output as one line of JSON."""
+    return output if isinstance(output, str) else json.dumps(jsonable(output), ensure_ascii=False)
 
 
 def preview(value: Any, limit: int = 200) -> str:

@@ -55,7 +55,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 
 from ._errors import CodeModeUserError
-from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY
+from ._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
@@ -173,8 +173,8 @@ class RunTelemetry:
 
     enabled = False
 
-    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
-            ) -> Coroutine[Any, Any, RunResult]:
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult[Any]]:
         """The run span around the run's loop."""
         return coro
 
@@ -210,11 +210,11 @@ class _TracedRun(RunTelemetry):
         self._tracer = trace.get_tracer(TRACER_NAME)
         self._parent: Context | None = None
 
-    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
-            ) -> Coroutine[Any, Any, RunResult]:
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult[Any]]:
         return self._run(coro, agent, run_index)
 
-    async def _run(self, coro: Coroutine[Any, Any, RunResult], agent: str, run_index: int) -> RunResult:
+    async def _run(self, coro: Coroutine[Any, Any, RunResult[Any]], agent: str, run_index: int) -> RunResult[Any]:
         info = workflow.info()
         self._parent = otel_context.get_current()
         span = self._tracer.start_span(
@@ -363,7 +363,7 @@ class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
         attributes: dict[str, Any] = {
             "codemode.attempt": info.attempt, "codemode.activity_type": info.activity_type,
             "temporalActivityID": info.activity_id, "temporalWorkflowID": info.workflow_id or ""}
-        if info.activity_type != MODEL_REQUEST_ACTIVITY:  # a tool call's activity id is `<call id>-<digest>`
+        if info.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY):  # a tool call's: `<call id>-<digest>`
             attributes["codemode.call_id"] = info.activity_id.rsplit("-", 1)[0]
         tracer = trace.get_tracer(TRACER_NAME)
         with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes=attributes):

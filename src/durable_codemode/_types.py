@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage, UsageLimits
 from temporalio.common import RetryPolicy
@@ -26,6 +27,9 @@ __all__ = [
     "ComputeResult",
     "Continuation",
     "ModelRequestInput",
+    "OutputInput",
+    "OutputSpec",
+    "OutputVerdict",
     "RunInput",
     "RunResult",
     "SnippetRecord",
@@ -90,6 +94,38 @@ class ToolSpec:
     approval_timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
     """Recorded `ToolOptions.heartbeat_timeout`; runs recorded before it read `None` (no heartbeats)."""
+    max_retries: int | None = None
+    """pydantic-ai's retry budget of the tool (its own `max_retries`, else the agent's tool retries): how many times
+    in a row the model may be asked to retry a direct call of it; `None` (runs recorded before it): no bound."""
+
+
+@dataclass(kw_only=True)
+class OutputSpec:
+    """The agent's `output_type` as a run records it: what the model is asked for, and what ends the run.
+
+    Recorded (not re-read from the worker) so a deploy that changes an agent's output type never changes how an
+    old run replays; the values are pydantic-ai's own (`OutputSchema`), sent back in every model request.
+    """
+
+    mode: str
+    """pydantic-ai's output mode (`tool`, `native`, `prompted`, `text`, `auto`, ...)."""
+    tools: list[ToolDefinition] = field(default_factory=list)
+    """The output tools (`final_result`, ...): a call to one is a candidate final answer."""
+    object_def: OutputObjectDefinition | None = None
+    prompted_template: str | None = None
+    allows_text: bool = True
+    allows_image: bool = False
+    structured_text: bool = False
+    """The output is JSON in the text (`NativeOutput` / `PromptedOutput`): under `end_strategy='early'` such text
+    ends the run even beside tool calls, as in pydantic-ai."""
+    end_strategy: str = "graceful"
+    """pydantic-ai's `end_strategy`: `early` tries an output before running the response's other calls; `graceful`
+    and `exhaustive` run them first."""
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """The output tools' names."""
+        return frozenset(t.name for t in self.tools)
 
 
 @dataclass(kw_only=True)
@@ -126,6 +162,9 @@ class AgentSpec:
     payload_store: bool = False
     """Whether the worker that started the run offloads large payloads to a payload store, so a compute activity
     may carry a program's dump over Temporal's 2 MiB payload limit."""
+    output: OutputSpec | None = None
+    """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
+    with no validators, where the model's text is the answer (every run recorded before the field)."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -193,13 +232,24 @@ class Continuation:
     approvals: list[ApprovalRecord] = field(default_factory=list)
     repl: CarriedRepl | None = None
     """The REPL's variables, sealed by the worker (see `_carry`); `None`: the next run starts a fresh REPL."""
+    output_retries: int = 0
+    """Output retries the chain has used (rejected answers), counted against the agent's output retry budget."""
+    tool_retries: dict[str, int] = field(default_factory=dict)
+    """Retries in a row of each native tool the model called directly, counted against its `max_retries`."""
+
+
+OutputT = TypeVar("OutputT")
 
 
 @dataclass(kw_only=True)
-class RunResult:
-    """What an agent run returns."""
+class RunResult(Generic[OutputT]):
+    """What an agent run returns; `RunResult[Answer]` when the client asked for the output as its type.
 
-    output: str
+    From the workflow the output is the answer as JSON (a `BaseModel` as its dict); `run_agent(output_type=...)`
+    and `run_result(handle, output_type=...)` validate it back into the agent's output type.
+    """
+
+    output: OutputT
     usage: RunUsage
     turns: list[TurnRecord]
     continued_as_new: int
@@ -233,6 +283,34 @@ class ModelRequestInput:
     """The run's deps (`RunInput.deps`), for model settings that are a function of the run context."""
     model_settings: dict[str, Any] | None = None
     """The run's own model settings (`RunInput.model_settings`), merged over the agent's."""
+    output: OutputSpec | None = None
+    """The recorded output spec (`AgentSpec.output`): what output the model is asked for."""
+
+
+@dataclass(kw_only=True)
+class OutputInput:
+    """The input of the output activity: a response that may end the run, and the conversation before it."""
+
+    agent: str
+    model: str | None
+    messages: list[ModelMessage]
+    """The conversation up to the request the response answers (what output validators see as `ctx.messages`)."""
+    response: ModelResponse
+    """The candidate: the response's output tool calls, or its text (and files) when it called no tool."""
+    retries: int
+    """Output retries used so far (`ctx.retry` of output validators; past the budget the run fails)."""
+    deps: Any = None
+    model_settings: dict[str, Any] | None = None
+
+
+@dataclass(kw_only=True)
+class OutputVerdict:
+    """What the output activity found: the final output, or the request asking the model to try again."""
+
+    output: Any = None
+    """The validated output as JSON (`retry is None`)."""
+    retry: ModelRequest | None = None
+    """pydantic-ai's retry request (the validation errors, or an output validator's `ModelRetry` message)."""
 
 
 @dataclass(kw_only=True)

@@ -57,7 +57,7 @@ from ._approvals import PendingApproval
 from ._bundled import bundled_apps
 from ._errors import CodeModeUserError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
-from ._results import preview
+from ._results import answer_text, preview
 from ._types import RunResult
 from .benchmark import add_bench_command
 from .client._connect import configured_address
@@ -249,7 +249,7 @@ async def _demo_with_cart(db: Path, lines: int, started: float) -> int:
                 _err(f"run {handle.id} failed: {run_failure_reason(e)}")
                 return EXIT_FAILED
             run_seconds = time.monotonic() - run_started
-    _say(f"\nanswer: {result.output}\n")
+    _say(f"\nanswer: {answer_text(result.output)}\n")
     _say(render_tree(result, width=_tree_width()))
     problems = check_removed_over(store, before)
     duplicates = store.duplicate_effects()
@@ -360,11 +360,11 @@ async def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_result(result: RunResult, *, json_output: bool) -> None:
+def _print_result(result: RunResult[Any], *, json_output: bool) -> None:
     if json_output:
-        _say(TypeAdapter(RunResult).dump_json(result, indent=2).decode())
+        _say(TypeAdapter(RunResult[Any]).dump_json(result, indent=2).decode())
     else:
-        _say(f"\nanswer: {result.output}\n")
+        _say(f"\nanswer: {answer_text(result.output)}\n")
         _say(render_tree(result, width=_tree_width()))
 
 

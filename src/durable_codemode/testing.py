@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -32,6 +33,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
@@ -44,6 +46,7 @@ from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [
     "CallTool",
+    "FinalOutput",
     "RunCode",
     "Step",
     "child_processes",
@@ -78,8 +81,36 @@ class CallTool:
     id: str | None = None
 
 
-Step = str | RunCode | CallTool | Sequence[RunCode | CallTool] | Callable[[list[ModelMessage]], "Step"]
-"""A model turn: final text, one or more tool calls, or a function of the conversation so far returning a step."""
+@dataclass(frozen=True)
+class FinalOutput:
+    """A scripted final answer for an agent with an `output_type`: a call to the output tool the request offers.
+
+    `value` is the output as JSON data (a `BaseModel` as its dict; a list or scalar output is sent as pydantic-ai's
+    wrapped `{"response": value}`). When the request offers no output tool (`NativeOutput`, `PromptedOutput`), the
+    answer is `value` as JSON text instead.
+    """
+
+    value: Any
+    tool: str | None = None
+    """The output tool to call; default: the first one offered (`final_result` for one output type)."""
+    id: str | None = None
+
+
+Scripted = RunCode | CallTool | FinalOutput
+Step = str | Scripted | Sequence[Scripted] | Callable[[list[ModelMessage]], "Step"]
+"""A model turn: final text, one or more tool calls (a final output among them), or a function of the conversation
+so far returning a step."""
+
+
+def _final_output(output: FinalOutput, info: AgentInfo, call_id: str) -> TextPart | ToolCallPart:
+    value = to_jsonable_python(output.value)
+    if not info.output_tools:
+        return TextPart(json.dumps(value))
+    names = [t.name for t in info.output_tools]
+    if output.tool is not None and output.tool not in names:
+        raise RuntimeError(f"the scripted FinalOutput names output tool {output.tool!r}; the request offers {names}")
+    args = value if isinstance(value, dict) else {"response": value}
+    return ToolCallPart(output.tool or names[0], args, tool_call_id=call_id)
 
 
 def last_result(messages: Sequence[ModelMessage], index: int = 0) -> Any:
@@ -124,11 +155,13 @@ def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:
             step = step(messages)
         if isinstance(step, str):
             return ModelResponse(parts=[TextPart(step)], model_name=name)
-        calls = [step] if isinstance(step, (RunCode, CallTool)) else list(step)
-        parts: list[ToolCallPart] = []
+        calls = [step] if isinstance(step, (RunCode, CallTool, FinalOutput)) else list(step)
+        parts: list[TextPart | ToolCallPart] = []
         for i, call in enumerate(calls):
             default_id = f"call_{turn}" if len(calls) == 1 else f"call_{turn}_{i}"
-            if isinstance(call, RunCode):
+            if isinstance(call, FinalOutput):
+                parts.append(_final_output(call, info, call.id or default_id))
+            elif isinstance(call, RunCode):
                 args: dict[str, Any] = {"code": call.code}
                 if call.restart:
                     args["restart"] = True

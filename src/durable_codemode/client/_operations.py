@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import UsageLimits
@@ -25,12 +26,13 @@ from ..workflow._run import CodeModeRunWorkflow
 from ._visibility import lacks_search_attributes, start_options
 
 __all__ = ["DEFAULT_ANSWER_TIMEOUT", "MAX_DEPS_BYTES", "check_usage_limits", "decide", "decide_all", "deps_for_run",
-           "pending_approvals", "run_agent", "start_run", "validate_run_input"]
+           "pending_approvals", "run_agent", "run_result", "start_run", "typed_result", "validate_run_input"]
 
 DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
 """How long a query or a decision waits for a worker of the run to answer before `WorkerUnavailableError`."""
 
 _T = TypeVar("_T")
+OutputT = TypeVar("OutputT")
 
 
 def validate_run_input(agent: str, prompt: str | None, message_history: Any) -> tuple[str | None, list[ModelMessage]]:
@@ -178,7 +180,7 @@ async def start_run(
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
-) -> WorkflowHandle[CodeModeRunWorkflow, RunResult]:
+) -> WorkflowHandle[CodeModeRunWorkflow, RunResult[Any]]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
 
     Args:
@@ -246,15 +248,46 @@ async def run_agent(
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
-) -> RunResult:
-    """Start an agent run and wait for its result (see `start_run` for the arguments)."""
+    output_type: Any = None,
+) -> RunResult[Any]:
+    """Start an agent run and wait for its result (see `start_run` for the arguments), its output as `output_type`.
+
+    `output_type` defaults to the agent's own when `agent` is the `CodeModeAgent`; with only its name and no
+    `output_type`, the output is the JSON the workflow returned (a `BaseModel` output as its dict). For a
+    statically typed `RunResult[Answer]`, use `typed_result(await run_agent(...), Answer)`.
+    """
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
                              usage_limits=usage_limits, run_id=run_id)
-    return await handle.result()
+    if output_type is None and isinstance(agent, CodeModeAgent):
+        output_type = agent.output_type
+    return await run_result(handle, output_type)
 
 
-def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, RunResult]:
+async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) -> RunResult[Any]:
+    """The result of a run (waiting for it to end), its output rebuilt as `output_type` if given (`typed_result`)."""
+    result: RunResult[Any] = await handle.result()
+    return result if output_type is None else typed_result(result, output_type)
+
+
+def typed_result(result: RunResult[Any], output_type: type[OutputT] | Any) -> RunResult[OutputT]:
+    """`result` with its JSON output validated as `output_type` (a `BaseModel`, dataclass, union, `list[...]`).
+
+    Raises:
+        CodeModeUserError: the output does not validate as `output_type` (not the agent's output type?).
+
+    """
+    try:
+        value = TypeAdapter(output_type).validate_python(result.output)
+    except ValidationError as e:
+        raise CodeModeUserError(
+            f"the run's output does not validate as {getattr(output_type, '__name__', output_type)!r}: "
+            f"{e.error_count()} error(s), first: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}; pass the agent's "
+            "own output type (or the CodeModeAgent) as output_type") from e
+    return replace(result, output=value)
+
+
+def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, RunResult[Any]]:
     return client.get_workflow_handle_for(CodeModeRunWorkflow.run, run_id)
 
 

@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Literal, TextIO
+from typing import Any, Literal, TextIO
 
 from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
 from temporalio.api.common.v1 import WorkflowExecution
@@ -52,7 +52,7 @@ class WatchOutcome:
     """How a watched run stood when watching stopped."""
 
     state: Literal["completed", "failed", "waiting", "terminated", "cancelled", "timed-out"]
-    result: RunResult | None = None
+    result: RunResult[Any] | None = None
     failure: str | None = None
     pending: list[PendingApproval] = field(default_factory=list)
 
@@ -145,7 +145,7 @@ class _Follower:
             attrs_wtf = event.workflow_task_failed_event_attributes
             self.say(f"! a workflow task failed (Temporal retries it): {failure_text(attrs_wtf.failure)[:300]}")
         elif kind == "workflow_execution_completed_event_attributes":
-            result = _decode(event.workflow_execution_completed_event_attributes.result, RunResult)
+            result = _decode(event.workflow_execution_completed_event_attributes.result, RunResult[Any])
             return WatchOutcome("completed", result=result if isinstance(result, RunResult) else None)
         elif kind == "workflow_execution_failed_event_attributes":
             failure = event.workflow_execution_failed_event_attributes.failure

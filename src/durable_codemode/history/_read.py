@@ -36,7 +36,15 @@ from .._approvals import (
 )
 from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError
-from .._names import COMPUTE_ACTIVITY, DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL, WORKFLOW_TYPE
+from .._names import (
+    COMPUTE_ACTIVITY,
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    OUTPUT_ACTIVITY,
+    OUTPUT_CHECK_SUMMARY,
+    RUN_CODE_TOOL,
+    WORKFLOW_TYPE,
+)
 from .._results import preview
 from .._storage import env_stores, resolve_history
 from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
@@ -65,6 +73,20 @@ _RULE_UNKNOWN = "this process does not know it"
 """From `approval_rule`'s error: a replay needs the agent's approval rules (`--worker MODULE`)."""
 
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
+
+
+def _output_check(activity: RecordedActivity) -> str:
+    """What the output check of a turn found, in a line: accepted, rejected (and why), or failed."""
+    if activity.closed in ("failed", "timed_out"):
+        return f"failed: {activity.failure or 'the check did not finish'}"
+    if activity.closed is None:
+        return "being checked"
+    retry = activity.result.get("retry") if isinstance(activity.result, dict) else None
+    if not retry:
+        return "accepted"
+    said = [p.get("content") for p in retry.get("parts", []) if isinstance(p, dict)]
+    return "rejected, the model was asked again: " + "; ".join(
+        c if isinstance(c, str) else json.dumps(c, default=str) for c in said if c)
 """The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""
 
 
@@ -146,7 +168,7 @@ class RecordedRun:
     activities: list[RecordedActivity] = field(default_factory=list)
     records: list[ApprovalRecord] = field(default_factory=list)
     signals: list[tuple[str, ApprovalDecision]] = field(default_factory=list)
-    result: RunResult | None = None
+    result: RunResult[Any] | None = None
     next_input: RunInput | None = None
 
 
@@ -255,7 +277,7 @@ def read_run(history: WorkflowHistory) -> RecordedRun:
                 parsed.run.task_failures.append(text)
         elif kind == "workflow_execution_completed_event_attributes":
             parsed.run.status, parsed.run.closed_at = "completed", _time(event)
-            value = _decode(event.workflow_execution_completed_event_attributes.result, RunResult)
+            value = _decode(event.workflow_execution_completed_event_attributes.result, RunResult[Any])
             parsed.result = value if isinstance(value, RunResult) else None
         elif kind == "workflow_execution_failed_event_attributes":
             parsed.run.status, parsed.run.closed_at = "failed", _time(event)
@@ -350,7 +372,10 @@ class _Assembler:
         capture = self.capture.get(parsed.run.run_id)
         recorded = {t.index: t for t in self.summary_of(run_index)}
         requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
-        tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY,)]
+        tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY)]
+        checks = {a.summary.removeprefix(OUTPUT_CHECK_SUMMARY): a for a in parsed.activities
+                  if a.activity_type == OUTPUT_ACTIVITY and a.summary and a.summary.startswith(OUTPUT_CHECK_SUMMARY)}
+        output_tools = parsed.spec.output.tool_names if parsed.spec and parsed.spec.output else frozenset()
         calls = [_call_of(a, open_run) for a in tools if a.activity_type != COMPUTE_ACTIVITY]
         computes = [(a.activity_id, a.result if isinstance(a.result, dict) else {})
                     for a in tools if a.activity_type == COMPUTE_ACTIVITY]
@@ -384,8 +409,10 @@ class _Assembler:
             else:
                 returns = {}
             summary = recorded.get(index)
+            if str(index) in checks:
+                turn.output = _output_check(checks[str(index)])
             for part in response.parts:
-                if not isinstance(part, ToolCallPart):
+                if not isinstance(part, ToolCallPart) or part.tool_name in output_tools:
                     continue
                 if part.tool_name == RUN_CODE_TOOL:
                     turn.snippets.append(self.snippet(part, calls, computes, returns, summary, open_run, capture))

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from pydantic import TypeAdapter
 
 from .._config import SnippetLimits
+from .._results import answer_text
 from .._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
@@ -151,6 +152,8 @@ class TraceTurn:
     output_tokens: int | None = None
     snippets: list[TraceSnippet] = field(default_factory=list)
     direct_calls: list[TraceCall] = field(default_factory=list)
+    output: str | None = None
+    """What the output check of the response found (agents with an `output_type`): `accepted`, `rejected, ...`."""
 
 
 @dataclass(kw_only=True)
@@ -183,7 +186,8 @@ class RunTrace:
     runs: list[TraceRun]
     turns: list[TraceTurn]
     approvals: list[TraceApproval] = field(default_factory=list)
-    output: str | None = None
+    output: Any = None
+    """The run's output: the final text, or a structured output as JSON."""
     failure: str | None = None
     limits: SnippetLimits | None = None
     """The snippet limits recorded when the run started (what every replay uses)."""
@@ -382,10 +386,12 @@ class _Drawing:
             children.append(f"model request failed: {_one_line(turn.error or '')}")
         elif turn.text:
             children.append(f"{'answer' if final and not acted else 'text'}: {_one_line(turn.text)}")
-        elif not acted:
+        elif not acted and turn.output is None:
             children.append("(no text and no tool call: the model was asked again)")
         children += turn.snippets
         children += turn.direct_calls
+        if turn.output is not None:
+            children.append(f"output {_one_line(turn.output)}")
         for i, child in enumerate(children):
             last = i == len(children) - 1
             if isinstance(child, TraceSnippet):
@@ -423,7 +429,7 @@ def render_trace(trace: RunTrace, *, width: int = 120) -> str:
         for failure in r.task_failures:
             drawing.add(f"workflow task failed (run {r.run_id}): {_one_line(failure)}")
     if trace.output is not None:
-        drawing.add(f"output: {_one_line(trace.output)}")
+        drawing.add(f"output: {answer_text(trace.output)}")
     elif trace.failure is not None:
         drawing.add(f"{trace.status.replace('_', ' ')}: {_one_line(trace.failure)}")
     decided = [a for a in trace.approvals if a.state != "pending"]
@@ -437,7 +443,7 @@ def render_trace(trace: RunTrace, *, width: int = 120) -> str:
     return "\n".join(drawing.lines)
 
 
-def render_tree(result: RunResult, *, width: int = 100) -> str:
+def render_tree(result: RunResult[Any], *, width: int = 100) -> str:
     """A finished run as a tree of model turns, snippets (with the start of their code) and nested calls.
 
     The drawing is `render_trace`'s, from what the run returned instead of its history: no headline, approvals

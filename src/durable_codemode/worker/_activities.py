@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from pydantic_ai import ModelRetry
-from pydantic_ai.exceptions import ModelHTTPError, UserError
+from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import ModelResponse
 from pydantic_core import to_json
 from temporalio import activity
@@ -25,8 +25,22 @@ from temporalio.exceptions import ApplicationError
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from .._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
-from .._names import COMPUTE_ACTIVITY, DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, SEAL_REPL_ACTIVITY
-from .._types import AgentSpec, ComputeRequest, ComputeResult, ModelRequestInput, ToolCallInput
+from .._names import (
+    COMPUTE_ACTIVITY,
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    OUTPUT_ACTIVITY,
+    SEAL_REPL_ACTIVITY,
+)
+from .._types import (
+    AgentSpec,
+    ComputeRequest,
+    ComputeResult,
+    ModelRequestInput,
+    OutputInput,
+    OutputVerdict,
+    ToolCallInput,
+)
 from ._agent import CodeModeAgent
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
@@ -87,7 +101,8 @@ class CodeModeActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
-        return [self.describe_agent, self.model_request, self.seal_repl, self.compute, self.run_tool]
+        return [self.describe_agent, self.model_request, self.check_output, self.seal_repl, self.compute,
+                self.run_tool]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
@@ -129,13 +144,35 @@ class CodeModeActivities:
         """
         try:
             return await heartbeating(self.agent(input.agent).request(
-                input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings))
+                input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
+                output=input.output))
         except (CodeModeUserError, UserError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
             # 4xx other than timeouts and rate limits will fail the same way again: bad key, bad request.
             retryable = e.status_code >= 500 or e.status_code in (408, 409, 429)
             raise ApplicationError(str(e), type="ModelHTTPError", non_retryable=not retryable) from e
+
+    @activity.defn(name=OUTPUT_ACTIVITY)
+    async def check_output(self, input: OutputInput) -> OutputVerdict:
+        """Check a response that may end the run: its output, validated (and its validators run), or a retry.
+
+        A rejection past the agent's output retry budget, a wrong deps type and pydantic-ai's `UserError` are final
+        (the run fails with pydantic-ai's message); a validator's own transient failure is retried.
+        """
+        agent = self.agent(input.agent)
+        try:
+            return await heartbeating(agent.check_output(
+                input.messages, input.response, retries=input.retries, deps=input.deps,
+                model_settings=input.model_settings))
+        except _TRANSIENT as e:
+            raise ApplicationError(_message(e), type=type(e).__name__) from e
+        except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
+        except Exception as e:
+            raise ApplicationError(f"the output of agent {input.agent!r} could not be checked: "
+                                   f"{type(e).__name__}: {_message(e)}", type=type(e).__name__,
+                                   non_retryable=True) from e
 
     @activity.defn(dynamic=True)
     async def run_tool(self, args: Sequence[RawValue]) -> Any:

@@ -11,18 +11,21 @@ import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any, cast
+from typing import Any, Union, cast
 
 from pydantic import TypeAdapter, ValidationError
-from pydantic_ai import Agent, RunContext
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart
+from pydantic_ai import Agent, CallToolsNode, RunContext
+from pydantic_ai._output import types_from_output_spec
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
 from pydantic_ai.models import Model, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings, merge_model_settings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
+from pydantic_graph import End
 
 from .._config import SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
@@ -30,7 +33,7 @@ from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import render_stubs, run_code_tool_definition
-from .._types import AgentSpec, ToolSpec
+from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
 
@@ -50,9 +53,54 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
     """What `agent` declares that a durable run would not apply, by name (refused, never silently dropped)."""
     found = [f"capabilities ({', '.join(type(c).__name__ for c in extra)})"
              for extra in [[c for c in _capabilities(agent) if type(c) not in _built_in_capabilities()]] if extra]
-    if agent._output_validators:  # pinned by tests/test_compat.py
-        found.append(f"output validators ({len(agent._output_validators)})")
+    if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
+        found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
+                      "their worker: create_worker(max_concurrent_workflow_tasks=...))")
+    if agent._metadata is not None:
+        found.append("metadata (attached to agent.run() results and spans; a durable run's own spans come from "
+                      "create_worker(tracing=True))")
+    schema = agent._output_schema  # pinned by tests/test_compat.py
+    if schema.allows_deferred_tools:
+        found.append("DeferredToolRequests in its output_type (a durable run pauses a call for approval itself: "
+                      "use ToolOptions(requires_approval=True) instead)")
+    if schema.allows_pending_model_response:
+        found.append("PendingModelResponse in its output_type (background model responses)")
     return found
+
+
+_PROBE_PROFILE = ModelProfile(supports_tools=True, supports_json_schema_output=True, supports_json_object_output=True)
+"""The profile of the `FunctionModel`s that ask pydantic-ai about the agent: one that takes every output mode, so
+the agent's own `NativeOutput` is not refused by the probe (the run's real model decides for itself)."""
+
+
+class _Probed(Exception):
+    """Ends a probing run of the agent at the model request it was started for (its work is done by then)."""
+
+    def __init__(self, messages: list[ModelMessage], info: AgentInfo) -> None:
+        super().__init__("probe")
+        self.messages, self.info = messages, info
+
+
+def _output_spec(agent: Agent[Any, Any], info: AgentInfo) -> OutputSpec | None:
+    """The agent's output as a run records it (`None`: `str` and no validators: the text is the answer)."""
+    if agent.output_type is str and not agent._output_validators:  # pinned by tests/test_compat.py
+        return None
+    schema = agent._output_schema
+    template = getattr(schema, "template", None)
+    return OutputSpec(mode=schema.mode, tools=list(info.output_tools), object_def=schema.object_def,
+                      prompted_template=template if isinstance(template, str) else None,
+                      allows_text=schema.allows_text, allows_image=schema.allows_image,
+                      structured_text=schema.mode in ("native", "prompted"), end_strategy=agent.end_strategy)
+
+
+def _set_output_tool_retries(manager: Any, retries: int) -> None:
+    """Give every output tool of the step the durable run's retry count.
+
+    pydantic-ai counts output tool retries per tool, in the step's tool manager; a one-step probe starts them at 0.
+    """
+    for name, tool in (manager.tools or {}).items():  # pinned by tests/test_compat.py
+        if tool.tool_def.kind == "output":
+            manager.ctx.retries[name] = retries
 
 
 @functools.cache
@@ -80,10 +128,14 @@ class CodeModeAgent:
 
     Example:
         ```python
-        agent = Agent("openai:gpt-5", name="cart", instructions="You manage the user's cart.")
+        class Cart(BaseModel):
+            lines: int
+            total_cents: int
+
+        agent = Agent("openai:gpt-5", name="cart", instructions="You manage the user's cart.", output_type=Cart)
 
         @agent.tool_plain
-        def list_cart(offset: int = 0) -> CartPage: ...
+        def list_cart(offset: int = 0) -> list[dict[str, int]]: ...  # a page of the cart's lines
 
         cart = CodeModeAgent(agent, limits=SnippetLimits(max_tool_calls=200))
         ```
@@ -106,7 +158,8 @@ class CodeModeAgent:
         """Wrap `agent`.
 
         Args:
-            agent: The pydantic-ai agent. Its output type must be `str` (structured output is not supported yet).
+            agent: The pydantic-ai agent: any `output_type` and output validators (checked durably, by the output
+                activity), its deps type, instructions, tools and toolsets.
             name: The name runs use to pick this agent; defaults to `agent.name`. Part of every tool's activity
                 type (`<name>.<tool>`), so keep it stable across deploys.
             code_mode: `False` turns code mode off: the model calls every tool directly (each call an activity).
@@ -122,20 +175,15 @@ class CodeModeAgent:
                 without `start_run(deps=...)`.
 
         Raises:
-            CodeModeUserError: on an agent without a name, an unsupported output type, capabilities or output
-                validators (not applied by a durable run yet), or options for a tool name that does not exist
-                (checked when the worker starts).
+            CodeModeUserError: on an agent without a name, capabilities (not applied by a durable run yet),
+                `DeferredToolRequests` output, or options for a tool name that does not exist (checked when the
+                worker starts).
 
         """
         resolved = name or agent.name
         if not resolved:
             raise CodeModeUserError("the agent has no name: pass `Agent(..., name='cart')` or "
                                     "`CodeModeAgent(agent, name='cart')`; runs pick their agent by name")
-        if agent.output_type is not str:
-            raise CodeModeUserError(
-                f"agent {resolved!r} has output type {agent.output_type!r}; durable-codemode supports `str` output "
-                "only for now: have the model answer in text (or return JSON from a final run_code call)"
-            )
         unsupported = _unsupported(agent)
         if unsupported:
             raise CodeModeUserError(
@@ -157,6 +205,16 @@ class CodeModeAgent:
         return f"CodeModeAgent(name={self.name!r}, code_mode={self.code_mode})"
 
     # -- tools ------------------------------------------------------------------------------------------------
+
+    @property
+    def output_type(self) -> Any:
+        """The type of this agent's output, for a client to rebuild a run's JSON output as (`run_agent`).
+
+        pydantic-ai's output types of the agent's `output_type` (an output function's return type, a union of
+        its members); `str` for a text agent.
+        """
+        kinds = types_from_output_spec(self.agent.output_type)  # pinned by tests/test_compat.py
+        return kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 (a union built at runtime)
 
     @property
     def deps_type(self) -> Any:
@@ -201,6 +259,7 @@ class CodeModeAgent:
             tool_name=tool_name,
             tool_call_id=call_id,
             retry=attempt - 1,
+            max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
         )
 
     async def tools(
@@ -280,19 +339,20 @@ class CodeModeAgent:
         """
         self.resolve_model(model)
         deps = self.run_deps(raw_deps, type_name=deps_type)
-        captured: dict[str, Any] = {}
 
         def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            captured["instructions"] = info.instructions
-            captured["system_prompts"] = [part.content for message in messages if isinstance(message, ModelRequest)
-                                          for part in message.parts if isinstance(part, SystemPromptPart)]
-            captured["model_settings"] = info.model_settings
-            return ModelResponse(parts=[TextPart("(describing the agent)")])
+            raise _Probed(messages, info)
 
         # Asking pydantic-ai what it would send the model resolves static and dynamic instructions (and system
-        # prompts, static and from `@agent.system_prompt` functions, with the run's deps) exactly as
-        # an ordinary run does, using only its public API.
-        await self.agent.run("", model=FunctionModel(capture), deps=deps)
+        # prompts, static and from `@agent.system_prompt` functions, with the run's deps) and the output tools
+        # exactly as an ordinary run does, using only its public API.
+        try:
+            await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps)
+            raise AssertionError("the probing run ended without a model request")
+        except _Probed as probed:
+            info = probed.info
+            system_prompts = [part.content for message in probed.messages if isinstance(message, ModelRequest)
+                              for part in message.parts if isinstance(part, SystemPromptPart)]
         tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
         specs: list[ToolSpec] = []
         sandbox_defs: list[ToolDefinition] = []
@@ -307,15 +367,16 @@ class CodeModeAgent:
                                   requires_approval=options.requires_approval or tool.tool_def.kind == "unapproved",
                                   approval_rule=options.approval_rule is not None,
                                   approval_timeout=options.approval_timeout,
-                                  heartbeat_timeout=options.heartbeat_timeout))
+                                  heartbeat_timeout=options.heartbeat_timeout,
+                                  max_retries=tool.max_retries))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
         own = self.agent.model
         return AgentSpec(
             agent=self.name,
             model_name=own.model_name if isinstance(own, Model) else str(own),
-            instructions=captured.get("instructions"),
-            system_prompts=captured.get("system_prompts", []),
+            instructions=info.instructions,
+            system_prompts=system_prompts,
             code_mode=self.code_mode,
             model_tools=model_tools,
             tools=specs,
@@ -324,6 +385,7 @@ class CodeModeAgent:
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
             sandbox_guards=True,
             compute_escalation=True,
+            output=_output_spec(self.agent, info),
         )
 
     def check_model(self) -> None:
@@ -359,19 +421,65 @@ class CodeModeAgent:
                            otherwise="start the run with another model (start_run(model=...), codemode run --model)")
 
     async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
-                      deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> ModelResponse:
+                      deps: Any = None, model_settings: Mapping[str, Any] | None = None,
+                      output: OutputSpec | None = None) -> ModelResponse:
         """One model request with the recorded tool definitions (`deps`, `model_settings`: the run's, as recorded).
 
-        The run's model settings go over the agent's, merged as `Agent.run(model_settings=...)` merges them.
+        The run's model settings go over the agent's, merged as `Agent.run(model_settings=...)` merges them; the
+        recorded output spec says what output to ask for (the model resolves `auto` and prompted instructions).
         """
         model = self.resolve_model(override)
-        params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
+        if output is None:
+            params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
+        else:
+            params = ModelRequestParameters(
+                function_tools=tools, output_mode=cast(Any, output.mode), output_tools=output.tools,
+                output_object=output.object_def, prompted_output_template=output.prompted_template,
+                allow_text_output=output.allows_text, allow_image_output=output.allows_image)
+        return await model.request(messages, self._settings(deps, model_settings), params)
+
+    def _settings(self, deps: Any, model_settings: Mapping[str, Any] | None) -> ModelSettings | None:
         settings = self.agent.model_settings
         if callable(settings):  # per-run settings from a function of the run context
             settings = settings(self._run_context(deps=self.run_deps(deps)))
         if model_settings:
             settings = merge_model_settings(settings, cast(ModelSettings, dict(model_settings)))
-        return await model.request(messages, settings, params)
+        return settings
+
+    async def check_output(self, messages: list[ModelMessage], response: ModelResponse, *, retries: int,
+                           deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> OutputVerdict:
+        """Check `response` as pydantic-ai's own run would: the output type, output functions, output validators.
+
+        The agent runs for one step on a model that answers `response`: pydantic-ai validates it (and runs the
+        validators, which may do I/O: this is an activity) and either ends with the output, or asks the model again
+        with its retry request, which is what we return. The run's retry count is set first, so validators see the
+        durable run's `ctx.retry`, and a rejection past the budget raises pydantic-ai's `UnexpectedModelBehavior`.
+        """
+        asked = 0
+
+        def answer(history: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            nonlocal asked
+            asked += 1
+            if asked == 1:
+                return response
+            raise _Probed(history, info)
+
+        model = FunctionModel(answer, profile=_PROBE_PROFILE)
+        try:
+            async with self.agent.iter(message_history=messages, model=model, deps=self.run_deps(deps),
+                                       model_settings=cast(ModelSettings | None, model_settings)) as run:
+                run.ctx.state.output_retries_used = retries  # pinned by tests/test_compat.py
+                node: Any = run.next_node
+                while not isinstance(node, End):
+                    if isinstance(node, CallToolsNode):
+                        _set_output_tool_retries(run.ctx.deps.tool_manager, retries)
+                    node = await run.next(node)
+        except _Probed as probed:
+            last = probed.messages[-1]
+            assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"
+            return OutputVerdict(retry=last)
+        assert run.result is not None
+        return OutputVerdict(output=jsonable(run.result.output))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
                         deps: Any = None) -> Any:
@@ -388,6 +496,8 @@ class CodeModeAgent:
             raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
         toolset, tool = tools[tool_name]
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
-        validated = tool.args_validator.validate_python(args)
+        validation = self.agent._validation_context  # pinned by tests/test_compat.py
+        validated = tool.args_validator.validate_python(
+            args, context=validation(ctx) if callable(validation) else validation)
         return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
 

@@ -108,8 +108,8 @@ class RunProgress:
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
-    def run(self, coro: Coroutine[Any, Any, RunResult], *, agent: str, run_index: int
-            ) -> Coroutine[Any, Any, RunResult]:
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult[Any]]:
         """Around the run's loop: decides whether this run is traced."""
         self._owner = workflow.instance()
         self.telemetry = run_telemetry()

@@ -53,6 +53,8 @@ with workflow.unsafe.imports_passed_through():
     from .._names import (
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
+        OUTPUT_ACTIVITY,
+        OUTPUT_CHECK_SUMMARY,
         RUN_CODE_TOOL,
         SEAL_REPL_ACTIVITY,
         WORKFLOW_TYPE,
@@ -64,6 +66,8 @@ with workflow.unsafe.imports_passed_through():
         CallRecord,
         Continuation,
         ModelRequestInput,
+        OutputInput,
+        OutputVerdict,
         RunInput,
         RunResult,
         SnippetRecord,
@@ -86,6 +90,8 @@ _MODEL_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interv
                            maximum_attempts=5)
 _DESCRIBE_TIMEOUT = timedelta(seconds=30)
 _SEAL_TIMEOUT = timedelta(seconds=10)
+_OUTPUT_TIMEOUT = timedelta(minutes=5)
+"""Output validators may do I/O (a lookup, another model): as long as a model request may take."""
 
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
@@ -119,6 +125,8 @@ class CodeModeRunWorkflow:
         self._deps: Any = None
         self._usage = RunUsage()
         self._usage_limits: UsageLimits | None = None
+        self._output_retries = 0
+        self._tool_retries: dict[str, int] = {}
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
 
@@ -192,7 +200,7 @@ class CodeModeRunWorkflow:
         self._progress.show()
 
     @workflow.run
-    async def run(self, input: RunInput) -> RunResult:
+    async def run(self, input: RunInput) -> RunResult[Any]:
         cont = input.continuation
         if cont is None:
             spec = await workflow.execute_local_activity(
@@ -207,6 +215,8 @@ class CodeModeRunWorkflow:
         self._spec = spec = cont.spec
         self._deps = input.deps
         self._usage, self._usage_limits = cont.usage, input.usage_limits
+        self._output_retries = cont.output_retries
+        self._tool_retries = dict(cont.tool_retries)
         self._approvals = Approvals(cont.approvals)
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
@@ -234,7 +244,7 @@ class CodeModeRunWorkflow:
 
     async def _loop(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
-    ) -> RunResult:
+    ) -> RunResult[Any]:
         spec = cont.spec
         limits = spec.limits
         usage, turns = cont.usage, cont.turns
@@ -253,7 +263,7 @@ class CodeModeRunWorkflow:
             response = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools,
-                                  deps=input.deps, model_settings=input.model_settings),
+                                  deps=input.deps, model_settings=input.model_settings, output=spec.output),
                 result_type=ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
@@ -268,19 +278,36 @@ class CodeModeRunWorkflow:
             turn = TurnRecord(index=index, text=text)
             turns.append(turn)
             calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
-            if not calls:
+            out = spec.output
+            if out is None and not calls:
                 if text:
-                    bound_turns(turns)
-                    return RunResult(output=text, usage=usage, turns=turns, continued_as_new=cont.runs,
-                                     approvals=self._approvals.audit)
+                    return self._result(text, cont)
                 messages.append(self._request([RetryFeedbackPart(
                     "Your response had neither text nor a tool call; answer in text or call a tool.",
                     retry=RetryInfo("no_output"))]))
                 continue
+            # With an output spec, pydantic-ai's own output processing (the output activity) decides what ends the
+            # run; the response's function tool calls (run_code, native tools) run here as before.
+            functions = calls if out is None else [c for c in calls if c.tool_name not in out.tool_names]
+            output_calls = [c for c in calls if c not in functions]
+            retry_parts: list[ModelRequestPart] = []
+            if out is not None and (not functions or (out.end_strategy == "early" and (
+                    output_calls or (out.structured_text and text)))):
+                # Text beside function calls is an answer only if it is a valid one (`early`, as in pydantic-ai).
+                maybe_text = bool(functions) and not output_calls
+                verdict = await self._check_output(input, messages[:-1], response, functions, index,
+                                                   counts=not maybe_text)
+                if verdict.retry is None:
+                    return self._result(verdict.output, cont)
+                if not functions:
+                    messages.append(self._request(list(verdict.retry.parts)))
+                    continue
+                retry_parts = [] if maybe_text else list(verdict.retry.parts)
+                output_calls = []
             parts: list[ModelRequestPart] = []
-            direct = [c for c in calls if c.tool_name != RUN_CODE_TOOL]
+            direct = [c for c in functions if c.tool_name != RUN_CODE_TOOL]
             direct_results = [asyncio.ensure_future(self._direct_call(c)) for c in direct]
-            for call in calls:
+            for call in functions:
                 if call.tool_name != RUN_CODE_TOOL:
                     continue
                 snippets_this_run += 1
@@ -299,7 +326,64 @@ class CodeModeRunWorkflow:
             for part, record in await asyncio.gather(*direct_results):
                 parts.append(part)
                 turn.direct_calls.append(record)
-            messages.append(self._request(self._in_call_order(calls, parts)))
+            if output_calls:  # end_strategy graceful / exhaustive: the function tools ran first
+                verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
+                                                             output_calls, index)
+                if verdict.retry is None:
+                    return self._result(verdict.output, cont)
+                retry_parts = list(verdict.retry.parts)
+            messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
+
+    def _result(self, output: Any, cont: Continuation) -> RunResult[Any]:
+        bound_turns(cont.turns)
+        return RunResult(output=output, usage=cont.usage, turns=cont.turns, continued_as_new=cont.runs,
+                         approvals=self._approvals.audit)
+
+    async def _output_after_functions(
+        self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
+        parts: list[ModelRequestPart], output_calls: list[ToolCallPart], index: int,
+    ) -> OutputVerdict:
+        """Check the output calls of a response whose function calls ran (end_strategy `graceful`/`exhaustive`).
+
+        As in pydantic-ai, a function call that asked for a retry suppresses the output: the model hears why.
+        """
+        if any(isinstance(p, ToolReturnPart) and p.outcome == "retried" for p in parts):
+            return OutputVerdict(retry=ModelRequest(parts=[
+                self._retry(c, "Output tool not used: a function tool call of the same response asked for a retry "
+                               "first.", "model_retry") for c in output_calls]))
+        return await self._check_output(input, before, response, functions, index)
+
+    async def _check_output(
+        self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
+        index: int, *, counts: bool = True,
+    ) -> OutputVerdict:
+        """Ask the output activity whether `response` (without its function calls) ends the run.
+
+        A rejection counts against the agent's output retries (carried across continue-as-new) unless `counts` is
+        false; past them, or on another final failure, the run fails with pydantic-ai's message, not retried.
+        """
+        assert self._spec is not None
+        run_here = {id(c) for c in functions}
+        candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
+        try:
+            verdict: OutputVerdict = await workflow.execute_activity(
+                OUTPUT_ACTIVITY,
+                OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
+                            retries=self._output_retries, deps=input.deps, model_settings=input.model_settings),
+                result_type=OutputVerdict,
+                start_to_close_timeout=_OUTPUT_TIMEOUT,
+                heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
+                retry_policy=_MODEL_RETRY,
+                summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
+            )
+        except ActivityError as e:
+            cause = e.cause
+            if isinstance(cause, ApplicationError):
+                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
+            raise
+        if verdict.retry is not None and counts:
+            self._output_retries += 1
+        return verdict
 
     @staticmethod
     def _in_call_order(calls: list[ToolCallPart], parts: list[ModelRequestPart]) -> list[ModelRequestPart]:
@@ -356,11 +440,27 @@ class CodeModeRunWorkflow:
         except ValueError as e:
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=str(e), started_at=now, finished_at=now)
+            self._count_tool_retry(tool)
             return self._retry(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
         settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id, CallSite(code="", line=0))
         if "return_value" in settled:
+            self._tool_retries.pop(tool.name, None)
             return self._return(call, settled["return_value"]), record
+        if record.status != "denied":  # a person's decision, not a mistake of the model's
+            self._count_tool_retry(tool)
         return self._retry(call, f"{settled['exc_type']}: {settled.get('message', '')}", "model_retry"), record
+
+    def _count_tool_retry(self, tool: ToolSpec) -> None:
+        """Count one retry of a direct call of `tool`; past its budget the run fails, as pydantic-ai's does."""
+        if tool.max_retries is None:  # recorded before the budget was: unbounded, as it ran
+            return
+        used = self._tool_retries.get(tool.name, 0)
+        if used >= tool.max_retries:
+            raise ApplicationError(
+                f"Tool {tool.name!r} exceeded max retries count of {tool.max_retries}: the model was asked to retry "
+                f"it {used} times in a row. Raise Agent(retries=...) or the tool's max_retries if it needs more.",
+                type="UnexpectedModelBehavior", non_retryable=True)
+        self._tool_retries[tool.name] = used + 1
 
     def _start_tool(
         self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
@@ -490,5 +590,6 @@ class CodeModeRunWorkflow:
             model_settings=input.model_settings,
             usage_limits=input.usage_limits,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
-                                      note=note, approvals=self._approvals.audit, repl=repl),
+                                      note=note, approvals=self._approvals.audit, repl=repl,
+                                      output_retries=self._output_retries, tool_retries=self._tool_retries),
         ))
