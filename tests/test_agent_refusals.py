@@ -9,7 +9,7 @@ from pydantic_ai.capabilities import Hooks
 from durable_codemode import CodeModeAgent, CodeModeUserError
 
 
-def test_capabilities_are_refused_by_name() -> None:
+def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() -> None:
     hooks = Hooks()
     calls: list[str] = []
 
@@ -18,9 +18,15 @@ def test_capabilities_are_refused_by_name() -> None:
         calls.append(call.tool_name)
         return args
 
-    agent = Agent("test", name="hooked", capabilities=[hooks])
-    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capabilities \(Hooks\).*agent\.run\(\)"):
-        CodeModeAgent(agent)
+    assert CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks])).name == "hooked"  # tool hooks: applied
+
+    @hooks.on.before_run
+    async def start(ctx):  # type: ignore[no-untyped-def]
+        pass
+
+    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks \(Hooks: before_run; .*only "
+                                                r"tool and output hooks are applied\).*agent\.run\(\)"):
+        CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks]))
 
 
 def test_deferred_tool_output_is_refused_by_name() -> None:

@@ -62,8 +62,15 @@ def test_the_pydantic_ai_surface_we_read_is_there() -> None:
     assert plain._concurrency_limiter is None and plain._metadata is None and plain._validation_context is None
     assert Agent("test", validation_context={"unit": "cents"})._validation_context == {"unit": "cents"}
     built_in = {type(c) for c in plain.root_capability.capabilities}  # type: ignore[attr-defined]
-    hooked = Agent("test", capabilities=[Hooks()])
+    hooks = Hooks()
+    hooked = Agent("test", capabilities=[hooks])
     assert {type(c) for c in hooked.root_capability.capabilities} - built_in == {Hooks}  # type: ignore[attr-defined]
+
+    @hooks.on.before_tool_execute
+    async def log(ctx, *, call, tool_def, args):  # type: ignore[no-untyped-def]
+        return args
+
+    assert [k for k, v in hooks._registry.items() if v] == ["before_tool_execute"]  # what _capabilities reads
 
 
 async def test_the_pydantic_ai_output_surface_we_read_is_there() -> None:

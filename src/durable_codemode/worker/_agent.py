@@ -34,25 +34,15 @@ from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import render_stubs, run_code_tool_definition
 from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
+from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
 
 
-@functools.cache
-def _built_in_capabilities() -> frozenset[type[Any]]:
-    """The capability types every pydantic-ai agent has by default (what `Agent(model)` alone carries)."""
-    return frozenset(type(c) for c in _capabilities(Agent("test")))
-
-
-def _capabilities(agent: Agent[Any, Any]) -> list[Any]:
-    root = agent.root_capability
-    return list(getattr(root, "capabilities", [root]))
-
-
 def _unsupported(agent: Agent[Any, Any]) -> list[str]:
     """What `agent` declares that a durable run would not apply, by name (refused, never silently dropped)."""
-    found = [f"capabilities ({', '.join(type(c).__name__ for c in extra)})"
-             for extra in [[c for c in _capabilities(agent) if type(c) not in _built_in_capabilities()]] if extra]
+    found = [f"capability hooks ({'; '.join(unapplied)}; of a capability's hooks only tool and output hooks are "
+             "applied)" for unapplied in [unapplied_hooks(agent)] if unapplied]
     if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
@@ -175,9 +165,9 @@ class CodeModeAgent:
                 without `start_run(deps=...)`.
 
         Raises:
-            CodeModeUserError: on an agent without a name, capabilities (not applied by a durable run yet),
-                `DeferredToolRequests` output, or options for a tool name that does not exist (checked when the
-                worker starts).
+            CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
+                (tool and output hooks are applied); `max_concurrency` or `metadata`; `DeferredToolRequests` output;
+                or options for a tool name that does not exist (checked when the worker starts).
 
         """
         resolved = name or agent.name
@@ -199,6 +189,8 @@ class CodeModeAgent:
         self.limits = limits or SnippetLimits()
         self.env_allowlist = tuple(env_allowlist)
         self.deps = deps
+        self._hooked = bool(extra_capabilities(agent))
+        """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
     def __repr__(self) -> str:
@@ -252,15 +244,19 @@ class CodeModeAgent:
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
                      attempt: int = 1, deps: Any = None) -> RunContext[Any]:
         model = self.agent.model
-        return RunContext(
+        ctx = RunContext(
             deps=self.deps if deps is None else deps,
             model=model if isinstance(model, Model) else infer_model(model or "test"),
             usage=RunUsage(),
+            agent=self.agent,
             tool_name=tool_name,
             tool_call_id=call_id,
             retry=attempt - 1,
+            retries={tool_name: attempt - 1} if tool_name else {},
             max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
         )
+        validation = self.agent._validation_context  # pinned by tests/test_compat.py
+        return replace(ctx, validation_context=validation(ctx) if callable(validation) else validation)
 
     async def tools(
         self, ctx: RunContext[Any] | None = None
@@ -496,8 +492,8 @@ class CodeModeAgent:
             raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
         toolset, tool = tools[tool_name]
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
-        validation = self.agent._validation_context  # pinned by tests/test_compat.py
-        validated = tool.args_validator.validate_python(
-            args, context=validation(ctx) if callable(validation) else validation)
+        if self._hooked:
+            return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+        validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
         return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
 
