@@ -355,7 +355,7 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
     agent = make_agent(MEMORY_AGENT, MEMORY_CODE)
     worker = create_worker(client, [agent], task_queue=MEMORY_QUEUE, pool=pool,
                            max_cached_workflows=args.cache, max_concurrent_workflow_tasks=pool.max_processes,
-                           max_concurrent_activities=100)
+                           max_concurrent_activities=100, unsigned_approvals=True)  # decisions as in the floor
 
     async def start(i: int) -> WorkflowHandle[Any, Any]:
         return await start_run(client, MEMORY_AGENT, "go", task_queue=MEMORY_QUEUE,
@@ -530,9 +530,10 @@ async def run(args: argparse.Namespace) -> int:
         # Two code-mode workers share the process's pool: half its processes' worth of workflow task slots each.
         slots = max(2, pool.max_processes // 2)
         workers = [
-            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool, max_concurrent_workflow_tasks=slots),
+            create_worker(client, agents, task_queue=CM_CACHED_QUEUE, pool=pool, max_concurrent_workflow_tasks=slots,
+                          unsigned_approvals=True),
             create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0,
-                          max_concurrent_workflow_tasks=slots),
+                          max_concurrent_workflow_tasks=slots, unsigned_approvals=True),
             Worker(client, task_queue=FLOOR_CACHED_QUEUE, workflows=[ApprovalsFloorWorkflow],
                    activities=APPROVALS_FLOOR_ACTIVITIES),
             Worker(client, task_queue=FLOOR_EVICTED_QUEUE, workflows=[ApprovalsFloorWorkflow],

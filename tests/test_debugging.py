@@ -72,7 +72,7 @@ async def completed(client: Client, *steps: Any, tq: str | None = None,
     name = f"dbg{os.urandom(3).hex()}"
     agent = items_agent(name, *steps, **options)
     tq = tq or new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, name, "go", task_queue=tq)
         result = await handle.result()
     await replay(handle)  # every completed run replays cleanly
@@ -215,7 +215,7 @@ async def test_a_failed_runs_trace_shows_the_failing_call_and_the_failure(client
     agent = items_agent(name, RunCode("x = await get(i=3)\nawait fail(kind='permission')"), echo,
                         limits=SnippetLimits(max_model_requests=1))
     tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, name, "go", task_queue=tq)
         with pytest.raises(WorkflowFailureError):
             await handle.result()
@@ -240,7 +240,7 @@ async def test_a_paused_runs_trace_shows_the_pending_call_online_and_offline(cli
     code = "total = await lookup(order='A1')\nr = await refund(order='A1', cents=total)\n[total, r]"
     name = f"dbg-refunds-{os.urandom(2).hex()}"
     tq = new_task_queue()
-    async with running_worker(client, [refunds_agent(name, code, [])], task_queue=tq):
+    async with running_worker(client, [refunds_agent(name, code, [])], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, name, "refund A1", task_queue=tq)
         await wait_pending(handle)
         trace = await trace_run(client, handle.id)
@@ -282,7 +282,7 @@ async def test_a_paused_runs_trace_shows_the_pending_call_online_and_offline(cli
 
 async def test_approval_rules_come_from_the_worker_module(client: Client, tmp_path: Path) -> None:
     tq = new_task_queue()
-    async with running_worker(client, _rules_worker.agents(), task_queue=tq):
+    async with running_worker(client, _rules_worker.agents(), task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, _rules_worker.NAME, "go", task_queue=tq)
         (pending,) = await wait_pending(handle)
         file = tmp_path / "rules.json"
@@ -338,7 +338,7 @@ async def test_a_sandbox_killed_mid_program_replays_cleanly(client: Client) -> N
         return _kill_sandbox_processes_when_the_program_runs()
 
     tq = new_task_queue()
-    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "dbg-crashy", "go", task_queue=tq)
         await handle.result()
     # The kill is recorded where it happened (the stretch came from the compute activity), so a replay reads
@@ -355,7 +355,7 @@ async def test_replay_all_and_runs_list_recent_runs(client: Client) -> None:
     ok, _ = await completed(client, RunCode("await get(i=1)"), echo, tq=tq)
     name = f"dbg{os.urandom(3).hex()}"
     agent = items_agent(name, RunCode("await get(i=1)"), echo, limits=SnippetLimits(max_model_requests=1))
-    async with running_worker(client, [agent], task_queue=tq):
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         failed = await start_run(client, name, "go", task_queue=tq)
         with pytest.raises(WorkflowFailureError):
             await failed.result()

@@ -157,6 +157,8 @@ DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "Remove everything over $50 a piece": (CART_PROGRAM, lambda result: f"Removed {result['result']} lines."),
     # docs/agents.md, per-run deps: the ticket's id shows the tool saw the run's tenant.
     "What is open?": ("await open_tickets()", lambda result: f"Open: {', '.join(result['result'])}."),
+    # README.md, who may approve: the program's call waits for two signed approvals, then pays.
+    "Pay invoice INV-7": ("await pay(invoice='INV-7', cents=120000)", lambda result: f"Paid: {result['result']}."),
     # docs/agents.md, structured output: the final answer by the output tool, from the program's result.
     "Invoice this month": ("sum(await charges())",
                            lambda result: FinalOutput({"tenant_id": "acme", "total_cents": result["result"]})),
@@ -554,7 +556,7 @@ class Shop:
 
 @pytest.fixture(scope="module")
 async def shop(env: WorkflowEnvironment) -> AsyncIterator[Shop]:
-    async with running_worker(env.client, [shop_agent()]) as worker:
+    async with running_worker(env.client, [shop_agent()], unsigned_approvals=True) as worker:
         shop = Shop(env.client, worker.task_queue)
         yield shop
         for handle in shop.handles:  # the runs a block left waiting
@@ -613,7 +615,7 @@ def check_output(expected: list[str], actual: str, where: str) -> None:
 async def _check_divergence(block: Block, ns: dict[str, Any], given: Given) -> None:
     """README's replay report: a run of `get(i=1)`, `get(i=2)`, replayed with the snippet's 2 changed to a 7."""
     agent = items_agent("dbg", RunCode(CODE), echo)
-    async with running_worker(given.client, [agent]) as worker:
+    async with running_worker(given.client, [agent], unsigned_approvals=True) as worker:
         handle = await start_run(given.client, "dbg", "go", task_queue=worker.task_queue, run_id="dbg-a41f09")
         await handle.result()
     (history,) = await fetch_chain(given.client, handle.id)

@@ -267,7 +267,8 @@ async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pyte
                 await deny_first(client, handle)
             return await asyncio.wait_for(handle.result(), 60), handle
 
-    async with running_worker(client, [*agents, *goods], task_queue=tq, pool=PoolSettings(max_processes=roomy_pool)):
+    async with running_worker(client, [*agents, *goods], task_queue=tq, pool=PoolSettings(max_processes=roomy_pool),
+                              unsigned_approvals=True):
         first = await run(goods[0].name)
         hostile = [asyncio.ensure_future(run(n, e.deny)) for n, e in zip(names, CORPUS, strict=True)]
         during = asyncio.ensure_future(run(goods[1].name))

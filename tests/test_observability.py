@@ -159,13 +159,13 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     tracer = trace.get_tracer("test")
     with tracer.start_as_current_span("client asks") as client_span:
         # No workflow cache: every workflow task replays the whole run so far, the harshest test of duplicates.
-        async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0):
+        async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0, unsigned_approvals=True):
             handle = await start_run(traced, "otel-shop", "go", task_queue=tq)
             details = await eventually_details(handle, "waiting for approval")
     # The worker is gone while the call waits; a new one replays the run from history and goes on.
     assert details.splitlines() == ["waiting for approval of 1 call(s): call_1.1 refund",
                                     "model turn 1: snippet call_1 waiting: 1 call in flight, 1 done"]
-    async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0):
+    async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0, unsigned_approvals=True):
         await asyncio.sleep(0.2)  # a measurable approval wait
         await decide(client, handle.id, "call_1.1", approved=True, approver="ana")
         result = await handle.result()
@@ -265,7 +265,7 @@ async def test_current_details_follow_a_gather(client: Client) -> None:
         return f"gate {n} open"
 
     tq = new_task_queue()
-    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "details-shop", "go", task_queue=tq)
         assert await eventually_details(handle, "running: 4 calls in flight, 0 done") == (
             "model turn 0: snippet call_0 running: 4 calls in flight, 0 done")
@@ -296,7 +296,7 @@ async def test_runs_filter_by_agent_and_status_search_attributes(client: Client)
     waiting_agent = shop_agent(f"sa-wait-{suffix}", RunCode("await refund(order='W', cents=1)"), "done", refunds=[])
     done_agent = shop_agent(f"sa-done-{suffix}", RunCode("await get(i=1)"), "done", refunds=[])
     tq = new_task_queue()
-    async with running_worker(client, [waiting_agent, done_agent], task_queue=tq):
+    async with running_worker(client, [waiting_agent, done_agent], task_queue=tq, unsigned_approvals=True):
         done = await start_run(client, done_agent.name, "go", task_queue=tq)
         await done.result()
         waiting = await start_run(client, waiting_agent.name, "go", task_queue=tq)
@@ -327,7 +327,7 @@ async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: p
             dev_server_log_level="error") as bare:
         client = bare.client
         agent = shop_agent("bare-shop", RunCode("await refund(order='M', cents=1)"), "done", refunds=[])
-        async with running_worker(client, [agent], task_queue="bare") as worker:
+        async with running_worker(client, [agent], task_queue="bare", unsigned_approvals=True) as worker:
             with caplog.at_level(logging.WARNING, logger="durable_codemode"):
                 first = await start_run(client, "bare-shop", "go", task_queue=worker.task_queue)
                 second = await start_run(client, "bare-shop", "go", task_queue=worker.task_queue)
@@ -352,7 +352,7 @@ async def test_run_follow_shows_calls_a_gathers_progress_and_the_answer(client: 
     name = f"follow-{os.urandom(3).hex()}"
     tq = new_task_queue()
     async with running_worker(client, [shop_agent(name, RunCode(gather), RunCode(caught), "all done",
-                                                  refunds=[])], task_queue=tq):
+                                                  refunds=[])], task_queue=tq, unsigned_approvals=True):
         rc, out, err = await codemode("run", name, "go", "--task-queue", tq, "--follow", address=address(client))
     assert rc == 0, (out, err)
     lines = out.splitlines()
@@ -370,7 +370,8 @@ async def test_watch_stops_at_an_approval_and_says_how_to_decide(client: Client)
     code = "x = await get(i=1)\nawait refund(order='A', cents=x)"
     name = f"watch-{os.urandom(3).hex()}"
     tq = new_task_queue()
-    async with running_worker(client, [shop_agent(name, RunCode(code), "refunded", refunds=[])], task_queue=tq):
+    async with running_worker(client, [shop_agent(name, RunCode(code), "refunded", refunds=[])], task_queue=tq,
+                              unsigned_approvals=True):
         handle = await start_run(client, name, "go", task_queue=tq)
         rc, out, err = await codemode("watch", handle.id, address=address(client))
         assert rc == 3, (out, err)
@@ -399,7 +400,7 @@ async def test_the_runs_of_a_continue_as_new_chain_are_sibling_spans(
     traced = traced_client(client)
     tq = new_task_queue()
     with trace.get_tracer("test").start_as_current_span("client asks chain") as client_span:
-        async with running_worker(traced, [chain], task_queue=tq):
+        async with running_worker(traced, [chain], task_queue=tq, unsigned_approvals=True):
             handle = await start_run(traced, "otel-chain", "go", task_queue=tq)
             assert (await handle.result()).output == "done"
     trace_id = client_span.get_span_context().trace_id

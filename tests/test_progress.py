@@ -57,7 +57,7 @@ async def test_a_dropped_runs_leftovers_write_nothing_into_another_run(client: C
     waiting = items_agent("progress-waiting", RunCode("await store(key='a', value=1)"), "done",
                           requires_approval=True)
     tq = new_task_queue()
-    async with running_worker(client, [waiting], task_queue=tq):
+    async with running_worker(client, [waiting], task_queue=tq, unsigned_approvals=True):
         parked = await start_run(client, "progress-waiting", "go", task_queue=tq)
         while not await pending_approvals(client, parked.id):
             await asyncio.sleep(0.05)
@@ -65,7 +65,8 @@ async def test_a_dropped_runs_leftovers_write_nothing_into_another_run(client: C
     # Another run, on a worker that collects garbage inside its workflow tasks.
     other = items_agent("progress-other", RunCode("[await get(i=1), await get(i=2)]"), "done")
     tq2 = new_task_queue()
-    async with running_worker(client, [other], task_queue=tq2, interceptors=[_CollectGarbage()]):
+    async with running_worker(client, [other], task_queue=tq2, interceptors=[_CollectGarbage()],
+                              unsigned_approvals=True):
         handle = await start_run(client, "progress-other", "go", task_queue=tq2)
         assert (await handle.result()).output == "done"
     history = await handle.fetch_history()

@@ -4,7 +4,15 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
-from ._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
+from ._approvals import (
+    ApprovalDecision,
+    ApprovalRecord,
+    ApproverPolicy,
+    BatchDecision,
+    PendingApproval,
+    RecordedApproverPolicy,
+    RejectedDecision,
+)
 from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
 from ._converter import DATA_CONVERTER
 from ._errors import (
@@ -17,10 +25,22 @@ from ._errors import (
     WorkerUnavailableError,
 )
 from ._pool import PoolSettings
+from ._signing import ApproverKeyring
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
 from .client._devserver import start_dev_server, temporal_cli_path
-from .client._operations import decide, decide_all, pending_approvals, run_agent, run_result, start_run, typed_result
+from .client._operations import (
+    decide,
+    decide_all,
+    pending_approvals,
+    rejected_decisions,
+    run_agent,
+    run_result,
+    start_run,
+    typed_result,
+    wait_for_approvals,
+)
+from .client._signer import ApprovalSigner, generate_approver_key
 from .worker._agent import CodeModeAgent, ToolSelector
 from .worker._context import ToolCallContext, current_call
 from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
@@ -34,6 +54,9 @@ __all__ = [
     "AgentSpec",
     "ApprovalDecision",
     "ApprovalRecord",
+    "ApprovalSigner",
+    "ApproverKeyring",
+    "ApproverPolicy",
     "BatchDecision",
     "CallRecord",
     "CodeModeAgent",
@@ -45,6 +68,8 @@ __all__ = [
     "LocalPayloadStore",
     "PendingApproval",
     "PoolSettings",
+    "RecordedApproverPolicy",
+    "RejectedDecision",
     "RunInput",
     "RunNotFoundError",
     "RunResult",
@@ -63,11 +88,14 @@ __all__ = [
     "data_converter",
     "decide",
     "decide_all",
+    "generate_approver_key",
     "pending_approvals",
+    "rejected_decisions",
     "run_agent",
     "run_result",
     "start_dev_server",
     "start_run",
     "temporal_cli_path",
     "typed_result",
+    "wait_for_approvals",
 ]

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic_monty import MontyRuntimeError, ResourceLimits
 from temporalio.common import RetryPolicy
 
+from ._approvals import ApproverPolicy
 from ._errors import CodeModeUserError
 
 __all__ = ["AUTOMATIC_PAYLOAD_LIMIT_BYTES", "DEFAULT_TOOL_RETRY_POLICY", "SnippetLimits", "ToolOptions"]
@@ -72,6 +73,11 @@ class ToolOptions:
 
     approval_timeout: timedelta | None = None
     """How long a call waits for a decision before it is denied automatically; `None`: no limit."""
+
+    approvers: ApproverPolicy | None = None
+    """Who may decide this tool's calls, and how many must approve (`ApproverPolicy`); `None`: any decision the
+    worker accepts (signed by any of its approver keys, or unsigned where the worker allows that). Recorded with
+    the run when it starts; it applies to calls that need approval (`requires_approval`, `approval_rule`)."""
 
     in_sandbox: bool | None = None
     """`True`: callable from `run_code` snippets; `False`: a native tool the model calls directly; `None`:

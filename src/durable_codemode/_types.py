@@ -16,7 +16,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage, UsageLimits
 from temporalio.common import RetryPolicy
 
-from ._approvals import ApprovalRecord
+from ._approvals import ApprovalRecord, RecordedApproverPolicy
 from ._carry import CarriedRepl
 from ._config import SnippetLimits
 
@@ -74,6 +74,10 @@ class RunInput:
     """pydantic-ai `UsageLimits` for this run, checked in workflow code before each model request and tool call
     and after each response, over the whole chain; past one, the run fails with `UsageLimitExceeded`."""
 
+    started_by: str | None = None
+    """Who started the run (`start_run(started_by=...)`, `codemode run`: `$USER`), for approver policies that keep a
+    run's starter from approving its own calls. As the client says: Temporal does not authenticate it."""
+
     continuation: Continuation | None = None
     """Set by the runtime when a run continues as new; never set it yourself."""
 
@@ -94,6 +98,8 @@ class ToolSpec:
     approval_timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
     """Recorded `ToolOptions.heartbeat_timeout`; runs recorded before it read `None` (no heartbeats)."""
+    approvers: RecordedApproverPolicy | None = None
+    """Who may decide the tool's calls (`ToolOptions.approvers`, groups resolved when the run started)."""
     max_retries: int | None = None
     """pydantic-ai's retry budget of the tool (its own `max_retries`, else the agent's tool retries): how many times
     in a row the model may be asked to retry a direct call of it; `None` (runs recorded before it): no bound."""
@@ -162,6 +168,10 @@ class AgentSpec:
     payload_store: bool = False
     """Whether the worker that started the run offloads large payloads to a payload store, so a compute activity
     may carry a program's dump over Temporal's 2 MiB payload limit."""
+    signed_approvals: bool = False
+    """Whether decisions must be signed by one of the workers' approver keys (`create_worker(approver_keys=...)`);
+    `False`: the worker that started the run allowed unsigned ones (`unsigned_approvals=True`), or the run was
+    recorded before signing existed. Each decision's record says whether it was signed."""
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""

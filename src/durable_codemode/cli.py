@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -53,9 +54,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from . import _pool
-from ._approvals import PendingApproval
+from ._approvals import ApprovalRecord, PendingApproval, RejectedDecision
 from ._bundled import bundled_apps
-from ._errors import CodeModeUserError
+from ._errors import CodeModeError, CodeModeUserError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
 from ._results import answer_text, preview
 from ._types import RunResult
@@ -63,7 +64,15 @@ from .benchmark import add_bench_command
 from .client._connect import configured_address
 from .client._devserver import start_dev_server
 from .client._listing import RUN_STATES, list_runs
-from .client._operations import decide, decide_all, pending_approvals, start_run, validate_run_input
+from .client._operations import (
+    decide,
+    decide_all,
+    pending_approvals,
+    rejected_decisions,
+    start_run,
+    validate_run_input,
+)
+from .client._signer import KEY_ENV, ApprovalSigner, generate_approver_key
 from .client._watch import WatchOutcome, watch_run
 from .history._capture import quiet_replays
 from .history._fetch import fetch_chain, fetch_history, histories_to_json, read_histories
@@ -134,8 +143,10 @@ def _model_label(agent: CodeModeAgent) -> str:
 # -- serving ------------------------------------------------------------------------------------------------
 
 
-async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str) -> None:
+async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str, *, local: bool) -> None:
     """Serve `agents` until Ctrl-C or SIGTERM, then shut the worker down gracefully.
+
+    `local`: the server is the embedded dev server, so approvals need no signature (local development).
 
     A graceful shutdown releases the worker's sticky queue at once; a killed worker leaves its runs stalled
     for the sticky timeout. The handlers stay installed until the event loop closes, so a second signal
@@ -147,7 +158,7 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     names = ", ".join(a.name for a in agents)
-    async with create_worker(client, agents, task_queue=task_queue):
+    async with create_worker(client, agents, task_queue=task_queue, unsigned_approvals=local):
         _say(f"worker: serving {names} on task queue {task_queue!r}; Ctrl-C stops it")
         await stop.wait()
         _say("worker: stopping")
@@ -187,14 +198,14 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
     if configured_address():
         client = await connect()
         _say(f"connected to {_address(client)} ({_ADDRESS_ENV} or the Temporal profile)")
-        await _serve(client, agents, task_queue)
+        await _serve(client, agents, task_queue, local=False)
         return EXIT_OK
     async with _embedded_server(DEV_SERVER_DB) as client:
         address = _address(client)
         _say(f"embedded Temporal dev server at {address} ({_ADDRESS_ENV} and the Temporal profile name no "
              f"server), runs kept in {DEV_SERVER_DB.expanduser()}")
         _how_to_run(address, task_queue)
-        await _serve(client, agents, task_queue)
+        await _serve(client, agents, task_queue, local=True)
     return EXIT_OK
 
 
@@ -281,7 +292,7 @@ async def _dev(args: argparse.Namespace) -> int:
         if args.ui:
             _say(f"web UI at http://127.0.0.1:{args.port + 1000}")
         _how_to_run(address, DEFAULT_TASK_QUEUE)
-        await _serve(client, agents, DEFAULT_TASK_QUEUE)
+        await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True)
     return EXIT_OK
 
 
@@ -335,7 +346,8 @@ async def _run(args: argparse.Namespace) -> int:
     client = await connect()
     try:
         handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
-                                 model=args.model, message_history=messages, deps=deps)
+                                 model=args.model, message_history=messages, deps=deps,
+                                 started_by=args.started_by or os.environ.get("USER"))
     except RPCError as e:
         raise CodeModeUserError(
             f"the server at {_address(client)} refused to start the run: {e.message}"
@@ -419,13 +431,15 @@ async def _approvals(args: argparse.Namespace) -> int:
 
 async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
     client = await connect()
-    approver = args.approver or os.environ.get("USER")
+    signer = ApprovalSigner.load(args.key) if args.key or os.environ.get(KEY_ENV) else None
+    approver = args.approver or (signer.approver if signer else os.environ.get("USER"))
     try:
         if args.all:
-            records = await decide_all(client, args.run_id, approved=approved, note=args.note, approver=approver)
+            records = await decide_all(client, args.run_id, approved=approved, note=args.note, approver=approver,
+                                       signer=signer)
         elif args.call_id:
             records = [await decide(client, args.run_id, args.call_id, approved=approved, note=args.note,
-                                    approver=approver)]
+                                    approver=approver, signer=signer)]
         else:
             raise CodeModeUserError("name the call to decide (see `codemode approvals RUN_ID`), or pass --all")
     except WorkflowUpdateFailedError as e:
@@ -442,6 +456,50 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
                  "this decision was not applied")
             code = EXIT_FAILED
     return code
+
+
+async def _keygen(args: argparse.Namespace) -> int:
+    target = Path(args.output)
+    if target.exists():
+        raise CodeModeUserError(f"{args.output!r} exists; choose another file (an approver key is never "
+                                "overwritten)")
+    signer = generate_approver_key(args.approver, args.key_id)
+    try:
+        signer.save(target)
+    except OSError as e:
+        raise CodeModeUserError(f"cannot write {args.output!r}: {e.strerror or e}") from e
+    _err(f"wrote {signer.approver}'s private key {signer.key_id} to {args.output}; keep it private. Add this entry "
+         "to the workers' approver keys file (create_worker(approver_keys=FILE)):")
+    _say(json.dumps({signer.key_id: signer.public_entry()}, indent=2))
+    return EXIT_OK
+
+
+async def _audit(args: argparse.Namespace) -> int:
+    client = await connect()
+    trace = await trace_run(client, args.run_id)
+    records = trace.audit
+    rejected: list[RejectedDecision] = []
+    if trace.state not in ("completed", "failed", "terminated", "cancelled", "timed-out", "continued-as-new"):
+        with contextlib.suppress(CodeModeError, RPCError):
+            rejected = await rejected_decisions(client, args.run_id)
+    if args.json:
+        _say(json.dumps({"run_id": args.run_id, "decisions": TypeAdapter(list[ApprovalRecord]).dump_python(
+            records, mode="json"), "rejected": TypeAdapter(list[RejectedDecision]).dump_python(
+            rejected, mode="json")}, indent=2))
+        return EXIT_OK
+    if not records and not rejected:
+        _say(f"run {args.run_id}: no approval decision")
+        return EXIT_OK
+    for r in records:
+        verb = ("approved" if r.approved else "denied") + ("" if r.settled else " (counted; not yet enough)")
+        signed = f"signed with {r.key_id}" if r.signed else "UNSIGNED"
+        _say(f"{r.decided_at:%Y-%m-%d %H:%M:%S}  {r.call_id:<12} {r.tool}  {verb} by {r.approver or r.via}  "
+             f"{signed}  via {r.via}" + (f"  policy: {r.policy}" if r.policy else "")
+             + (f"  args {r.args_digest}" if r.args_digest else "") + (f"  note: {r.note}" if r.note else ""))
+    for x in rejected:
+        _say(f"{x.at:%Y-%m-%d %H:%M:%S}  {x.call_id:<12} REFUSED {'approval' if x.approved else 'denial'} by "
+             f"{x.approver or '?'}: {x.reason}")
+    return EXIT_OK
 
 
 async def _approve(args: argparse.Namespace) -> int:
@@ -647,6 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "finish; stop (exit 3) if the run waits for approval")
     run.add_argument("--messages", metavar="FILE", help="continue a conversation: a JSON list of pydantic-ai "
                      "messages (PROMPT may then be empty if the last one is a request)")
+    run.add_argument("--as", dest="started_by", metavar="NAME", help="who starts the run, recorded with it (default: "
+                     "$USER): approver policies may refuse this person's approvals of its calls")
     run.add_argument("--deps-json", metavar="JSON", help="the run's deps as JSON (e.g. '{\"tenant\": \"acme\"}'), "
                      "rebuilt by the worker as the agent's deps_type")
     run.set_defaults(handler=_run)
@@ -665,14 +725,34 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.set_defaults(handler=_approvals)
     for name, handler, verb in (("approve", _approve, "approve"), ("deny", _deny, "deny")):
         cmd = commands.add_parser(name, help=f"{verb} a paused call (or --all of a run's)",
-                                  description=f"{verb.capitalize()} a call waiting for approval; the call id "
-                                  "is the update id, so repeating a decision is harmless.")
+                                  description=f"{verb.capitalize()} a call waiting for approval; the update id is "
+                                  "the call id and the approver, so repeating a decision is harmless.")
         cmd.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
         cmd.add_argument("call_id", metavar="CALL_ID", nargs="?", help="the call, e.g. call_0.3")
         cmd.add_argument("--all", action="store_true", help=f"{verb} every waiting call of the run")
         cmd.add_argument("--note", help="a note for the audit trail (a denial's note reaches the program)")
-        cmd.add_argument("--approver", help="who decides (default: $USER)")
+        cmd.add_argument("--approver", help="who decides (default: the key's approver, else $USER)")
+        cmd.add_argument("--key", metavar="FILE", help=f"sign the decision with this approver key (from `codemode "
+                         f"keygen`; default: ${KEY_ENV}); workers accept unsigned decisions only when their author "
+                         "turned signing off")
         cmd.set_defaults(handler=handler)
+
+    keygen = commands.add_parser("keygen", help="make an approver's signing key",
+                                 description="Write a new Ed25519 key for APPROVER to FILE (mode 0600) and print "
+                                 "its public entry, for the workers' create_worker(approver_keys=...) file.")
+    keygen.add_argument("approver", metavar="APPROVER", help="the approver's name, as approver policies name them")
+    keygen.add_argument("-o", "--output", metavar="FILE", required=True, help="where to write the private key")
+    keygen.add_argument("--key-id", help="the key's id (default: APPROVER-<8 hex digits>)")
+    keygen.set_defaults(handler=_keygen)
+
+    audit = commands.add_parser("audit", help="a run's approval audit trail",
+                                description="Every approval decision of run RUN_ID (who, with which key, under "
+                                "which policy, when, the note, a digest of the call's arguments), read from its "
+                                "history, so also for closed runs; for an open run, also the decisions it refused "
+                                "recently.")
+    audit.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+    audit.add_argument("--json", action="store_true", help="print the trail as JSON")
+    audit.set_defaults(handler=_audit)
 
     runs = commands.add_parser("runs", help="recent runs and their state",
                                description=f"List recent runs on {_ADDRESS_ENV} from Temporal's visibility store: "

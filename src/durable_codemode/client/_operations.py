@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
@@ -16,17 +17,20 @@ from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval
+from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval, RejectedDecision
 from .._errors import CodeModeUserError, InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
 from .._models import unknown_model
+from .._signing import signing_payload
 from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._signer import ApprovalSigner
 from ._visibility import lacks_search_attributes, start_options
 
 __all__ = ["DEFAULT_ANSWER_TIMEOUT", "MAX_DEPS_BYTES", "check_usage_limits", "decide", "decide_all", "deps_for_run",
-           "pending_approvals", "run_agent", "run_result", "start_run", "typed_result", "validate_run_input"]
+           "pending_approvals", "rejected_decisions", "run_agent", "run_result", "start_run", "typed_result",
+           "validate_run_input", "wait_for_approvals"]
 
 DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
 """How long a query or a decision waits for a worker of the run to answer before `WorkerUnavailableError`."""
@@ -180,6 +184,7 @@ async def start_run(
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
+    started_by: str | None = None,
 ) -> WorkflowHandle[CodeModeRunWorkflow, RunResult[Any]]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
 
@@ -204,6 +209,8 @@ async def start_run(
             model request and tool call and after each response, over the whole continue-as-new chain. Past one
             the run fails with pydantic-ai's `UsageLimitExceeded` message, not retried.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
+        started_by: who starts the run, recorded with it: an approver policy with `allow_self_approval=False`
+            refuses this person's approvals of the run's calls. As the caller says (not authenticated).
 
     Raises:
         InvalidRunInputError: an empty agent name or prompt, a model pydantic-ai does not know, a malformed
@@ -224,7 +231,7 @@ async def start_run(
     run_input = RunInput(agent=name, prompt=prompt_or_none, model=check_run_model(model), message_history=history,
                          deps=run_deps, deps_type=deps_type,
                          model_settings=dict(model_settings) if model_settings else None,
-                         usage_limits=check_usage_limits(usage_limits))
+                         usage_limits=check_usage_limits(usage_limits), started_by=started_by)
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -305,36 +312,106 @@ async def pending_approvals(
     return await _on_run(client, run_id, call, timeout)
 
 
+async def wait_for_approvals(
+    client: Client, run_id: str, *, count: int = 1, timeout: timedelta = timedelta(minutes=1),
+) -> list[PendingApproval]:
+    """Wait until run `run_id` has at least `count` calls waiting for a decision; returns them.
+
+    It asks the run (the `pending_approvals` query) ten times a second: a query records nothing in the history.
+
+    Raises:
+        TimeoutError: fewer calls than `count` waited within `timeout`.
+        RunNotFoundError / WorkerUnavailableError: as `pending_approvals`.
+
+    """
+    deadline = asyncio.get_running_loop().time() + timeout.total_seconds()
+    while True:
+        pending = await pending_approvals(client, run_id)
+        if len(pending) >= count:
+            return pending
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"run {run_id!r} has {len(pending)} call(s) waiting for approval after {timeout}, "
+                               f"not {count}")
+        await asyncio.sleep(0.1)
+
+
+DEFAULT_SIGNATURE_LIFETIME = timedelta(minutes=5)
+"""How long a signed decision stays valid by default: long enough to reach the run, too short to be kept."""
+
+
+def _signed(client: Client, run_id: str, decision: ApprovalDecision, signer: ApprovalSigner | None,
+            valid_for: timedelta) -> ApprovalDecision:
+    """`decision` signed by `signer` (its approver, key id, expiry and signature set), or as it is without one."""
+    if signer is None:
+        return decision
+    if decision.approver not in (None, signer.approver):
+        raise CodeModeUserError(f"the decision names approver {decision.approver!r}, but the key is "
+                                f"{signer.approver!r}'s ({signer.key_id}): a decision is signed by its own approver")
+    expires_at = datetime.now(UTC) + valid_for
+    payload = signing_payload(namespace=client.namespace, run_id=run_id, call_id=decision.call_id,
+                              approved=decision.approved, note=decision.note, approver=signer.approver,
+                              expires_at=expires_at)
+    return replace(decision, approver=signer.approver, key_id=signer.key_id, signature=signer.sign(payload),
+                   expires_at=expires_at)
+
+
 async def decide(
     client: Client, run_id: str, call_id: str, *, approved: bool, note: str | None = None,
-    approver: str | None = None, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
+    approver: str | None = None, signer: ApprovalSigner | None = None,
+    valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
 
-    The call id is the update id, so sending a decision twice is harmless: the second gets the first's record
-    back (check `record.approved`: a later, different decision about the same call is not applied).
+    The update id is the call id and the approver, so sending a decision twice is harmless: the second gets the
+    first's record back (check `record.approved`: a later, different decision about the same call is not applied),
+    while another approver's decision (a policy needing two) is taken. With
+    `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`.
 
     Raises:
-        temporalio.client.WorkflowUpdateFailedError: the call id is unknown, already decided or expired (the
-            message says which); the run is unaffected.
+        temporalio.client.WorkflowUpdateFailedError: the run refused the decision, with a message saying why
+            (unknown, decided or expired call; an approver the tool's policy does not name; a missing, forged or
+            expired signature); the run is unaffected, and sending it again would fail the same way.
         RunNotFoundError: no run with that id.
         WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
 
     """
-    call = _handle(client, run_id).execute_update(
-        CodeModeRunWorkflow.decide,
-        ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=approver),
-        id=call_id, rpc_timeout=timeout,
-    )
+    decision = _signed(client, run_id, ApprovalDecision(call_id=call_id, approved=approved, note=note,
+                                                        approver=approver), signer, valid_for)
+    # One update id per (call, approver): repeating a decision is harmless, and a second approver's is not lost.
+    update_id = call_id if decision.approver is None else f"{call_id} by {decision.approver}"
+    call = _handle(client, run_id).execute_update(CodeModeRunWorkflow.decide, decision, id=update_id,
+                                                  rpc_timeout=timeout)
     return await _on_run(client, run_id, call, timeout)
 
 
 async def decide_all(
     client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None,
+    signer: ApprovalSigner | None = None, valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME,
     timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> list[ApprovalRecord]:
-    """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does)."""
-    call = _handle(client, run_id).execute_update(
-        CodeModeRunWorkflow.decide_all, BatchDecision(approved=approved, note=note, approver=approver),
-        rpc_timeout=timeout)
+    """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does).
+
+    With `signer`, each waiting call's decision is signed (the calls are listed first, by a query).
+    """
+    batch = BatchDecision(approved=approved, note=note, approver=approver)
+    if signer is not None:
+        signed = [_signed(client, run_id, ApprovalDecision(call_id=p.call_id, approved=approved, note=note,
+                                                           approver=approver), signer, valid_for)
+                  for p in await pending_approvals(client, run_id, timeout=timeout)]
+        batch = BatchDecision(approved=approved, note=note, approver=signer.approver, key_id=signer.key_id,
+                              signatures={d.call_id: d.signature or "" for d in signed},
+                              expires_at=signed[0].expires_at if signed else None)
+    call = _handle(client, run_id).execute_update(CodeModeRunWorkflow.decide_all, batch, rpc_timeout=timeout)
+    return await _on_run(client, run_id, call, timeout)
+
+
+async def rejected_decisions(
+    client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT
+) -> list[RejectedDecision]:
+    """Recent decisions run `run_id` refused, with why.
+
+    A query; the run keeps them in its worker's memory (a refused decision never enters the history), so after a
+    worker restart it lists only those refused since.
+    """
+    call = _handle(client, run_id).query(CodeModeRunWorkflow.rejected_decisions, rpc_timeout=timeout)
     return await _on_run(client, run_id, call, timeout)

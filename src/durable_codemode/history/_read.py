@@ -482,6 +482,25 @@ def _pending_of(pending: PendingApproval) -> TraceApproval:
                          requested_at=pending.requested_at, expires_at=pending.expires_at, line=pending.line)
 
 
+def _audit(runs: list[RecordedRun], capture: dict[str, ReplayCapture]) -> list[ApprovalRecord]:
+    """Every decision of the chain, in order, from the most complete source the histories hold.
+
+    A closed run's result (or the continuation it handed on) carries the whole trail; for an open run, what a
+    replay rebuilt, else the trail the run started with and the outcomes of its `decide` updates.
+    """
+    last = runs[-1]
+    if last.result is not None:
+        return list(last.result.approvals)
+    if last.next_input is not None and last.next_input.continuation is not None:
+        return list(last.next_input.continuation.approvals)
+    replayed = capture.get(last.run.run_id)
+    if replayed and replayed.watched:
+        return list(replayed.audit)
+    start = last.input.continuation.approvals if last.input.continuation else []
+    seen = {(r.call_id, r.approver, r.decided_at) for r in start}
+    return [*start, *(r for r in last.records if (r.call_id, r.approver, r.decided_at) not in seen)]
+
+
 def _approvals(runs: list[RecordedRun], capture: dict[str, ReplayCapture],
                pending: Sequence[PendingApproval] | None) -> list[TraceApproval]:
     """The decisions of the chain, then what the last run waits for.
@@ -582,6 +601,7 @@ def parse_histories(
         runs=[r.run for r in runs],
         turns=turns,
         approvals=_approvals(runs, by_run, pending),
+        audit=_audit(runs, by_run),
         output=last.result.output if last.result else None,
         failure=last.run.failure,
         limits=spec.limits if spec else None,

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
+from .._approvals import ApprovalRecord
 from .._config import SnippetLimits
 from .._results import answer_text
 from .._types import CallRecord, RunResult, TurnRecord
@@ -186,6 +187,8 @@ class RunTrace:
     runs: list[TraceRun]
     turns: list[TraceTurn]
     approvals: list[TraceApproval] = field(default_factory=list)
+    audit: list[ApprovalRecord] = field(default_factory=list)
+    """Every approval decision of the chain, in order (what `codemode audit` prints)."""
     output: Any = None
     """The run's output: the final text, or a structured output as JSON."""
     failure: str | None = None

@@ -42,6 +42,7 @@ from .._types import (
     ToolCallInput,
 )
 from ._agent import CodeModeAgent
+from ._approvers import ApprovalAuthority
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
 from ._heartbeat import heartbeating
@@ -71,8 +72,9 @@ class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
 
     def __init__(self, agents: Sequence[CodeModeAgent], *, repl_key: bytes | None = None,
-                 payload_store: bool = False) -> None:
+                 payload_store: bool = False, authority: ApprovalAuthority | None = None) -> None:
         self._repl_key = repl_key
+        self._authority = authority
         self._payload_store = payload_store
         """Whether this worker's data converter offloads large payloads; without one, tool arguments and results
         are bounded by default (`SnippetLimits.max_tool_args_bytes` / `max_tool_result_bytes`)."""
@@ -113,7 +115,7 @@ class CodeModeActivities:
         retried. (`model` comes last, with a default: runs started before it was passed schedule three arguments.)
         """
         try:
-            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model)
+            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model, authority=self._authority)
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:

@@ -27,6 +27,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
 
+from .._approvals import RecordedApproverPolicy
 from .._config import SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
 from .._models import build_model
@@ -34,6 +35,7 @@ from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import render_stubs, run_code_tool_definition
 from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
+from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
@@ -327,11 +329,13 @@ class CodeModeAgent:
     # -- activity bodies --------------------------------------------------------------------------------------
 
     async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
-                       model: str | None = None) -> AgentSpec:
+                       model: str | None = None, authority: ApprovalAuthority | None = None) -> AgentSpec:
         """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
 
         Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`). The run's model
         (`model`, else the agent's) is built first, so one that cannot work fails the run before any model request.
+        With the worker's approval `authority`, tools' approver policies are recorded with their groups resolved,
+        and a run whose calls could never be approved on this worker is refused.
         """
         self.resolve_model(model)
         deps = self.run_deps(raw_deps, type_name=deps_type)
@@ -357,13 +361,16 @@ class CodeModeAgent:
             options = self.options_for(tool.tool_def)
             in_sandbox = self._in_sandbox(tool.tool_def, options)
             (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
+            requires_approval = options.requires_approval or tool.tool_def.kind == "unapproved"
             specs.append(ToolSpec(name=tool_name, activity_type=tool_activity_type(self.name, tool_name),
                                   in_sandbox=in_sandbox, timeout=options.timeout,
                                   retry_policy=options.retry_policy, local=options.local,
-                                  requires_approval=options.requires_approval or tool.tool_def.kind == "unapproved",
+                                  requires_approval=requires_approval,
                                   approval_rule=options.approval_rule is not None,
                                   approval_timeout=options.approval_timeout,
                                   heartbeat_timeout=options.heartbeat_timeout,
+                                  approvers=self._approvers(tool_name, options, authority,
+                                                            requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries))
         stubs = render_stubs(sandbox_defs)
         model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
@@ -381,8 +388,20 @@ class CodeModeAgent:
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
             sandbox_guards=True,
             compute_escalation=True,
+            signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
         )
+
+    def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,
+                   gated: bool) -> RecordedApproverPolicy | None:
+        """The approver policy `tool`'s calls are decided under, as the run records it (groups resolved now)."""
+        if options.approvers is not None and not gated:
+            raise CodeModeUserError(f"tool {tool!r} of agent {self.name!r} names approvers, but its calls need no "
+                                    "approval: set requires_approval=True or an approval_rule in its ToolOptions")
+        if authority is None or not gated:
+            return None
+        authority.check_can_decide(self.name)
+        return authority.directory.resolve(options.approvers) if options.approvers is not None else None
 
     def check_model(self) -> None:
         """Build the agent's model if it is a string, so one that cannot work stops the worker from starting.

@@ -8,7 +8,8 @@ people who build their own `Client`.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Sequence
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
@@ -21,13 +22,15 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
 from .._pool import PoolSettings, check_sandbox_binary, configure_pool, reserve_task_slots
+from .._signing import ApproverKeyring
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
-from ..workflow._approval_state import serve
+from ..workflow._approval_state import serve, serve_keyring
 from ..workflow._run import CodeModeRunWorkflow
 from ..workflow._sandbox import close_repls
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
+from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._seal import repl_key_from_env
 
 with workflow.unsafe.imports_passed_through():
@@ -129,6 +132,9 @@ def create_worker(
     pool: PoolSettings | None = None,
     tracing: bool | None = None,
     repl_key: bytes | str | None = None,
+    approver_keys: ApproverKeyring | Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    approver_directory: DirectorySource | None = None,
+    unsigned_approvals: bool = False,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -143,6 +149,13 @@ def create_worker(
         repl_key: the key that seals a run's REPL when the run continues as new, so its variables survive; every
             worker of the task queue needs the same key. Default: `CODEMODE_REPL_KEY`; with neither, REPLs are
             not carried (the model is told the REPL restarted).
+        approver_keys: the approvers' public keys, which decisions must be signed with: a mapping
+            `{key_id: {"approver": name, "public_key": base64}}` (what `codemode keygen` prints), or a JSON file of
+            it. A decision is accepted only with a valid, unexpired signature by the key of the approver it names.
+        approver_directory: the members of the groups that `ApproverPolicy` names (`group:finance`): a mapping, a
+            function of the group name, or a JSON file; read when a run starts, and recorded with it.
+        unsigned_approvals: for local development only: decisions need no signature (each record says it was not
+            signed). Without it or `approver_keys`, a run with calls that need approval fails at its first step.
         tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (see
             docs/observability.md). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
@@ -173,8 +186,13 @@ def create_worker(
     slots = _workflow_task_slots(worker_options, settings)
     warm_up(client.data_converter, _PAYLOAD_TYPES)
     key = repl_key.encode() if isinstance(repl_key, str) else repl_key
+    keyring = ApproverKeyring.of(approver_keys) if approver_keys is not None else ApproverKeyring({})
+    authority = ApprovalAuthority(directory=ApproverDirectory(approver_directory), keyring=keyring,
+                                  unsigned=unsigned_approvals)
     activities = CodeModeActivities(agents, repl_key=key or repl_key_from_env(),
-                                    payload_store=client.data_converter.external_storage is not None)
+                                    payload_store=client.data_converter.external_storage is not None,
+                                    authority=authority)
+    serve_keyring(task_queue, keyring)
     for agent in agents:
         serve(agent)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))

@@ -6,16 +6,27 @@ timer firing), so replay rebuilds it exactly.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 
 from temporalio import workflow
 
-from .._approvals import ApprovalDecision, ApprovalRecord, PendingApproval
+from .._approvals import (
+    ApprovalDecision,
+    ApprovalRecord,
+    PendingApproval,
+    RecordedApproverPolicy,
+    RejectedDecision,
+)
 from .._errors import CodeModeUserError
+from .._names import call_digest
+from .._signing import ApproverKeyring, signing_payload
 
-__all__ = ["ApprovalRuleSource", "Approvals", "approval_rule", "denial_message", "serve", "served_agents"]
+__all__ = ["ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule", "denial_message", "keyring_for",
+           "serve", "serve_keyring", "served_agents"]
 
 
 class ApprovalRuleSource(Protocol):
@@ -58,14 +69,49 @@ def served_agents() -> set[str]:
     return set(_SERVED)
 
 
+_KEYRINGS: dict[str, ApproverKeyring] = {}
+"""The approver keys of the workers in this process, by task queue: what the update validator checks with."""
+
+
+def serve_keyring(task_queue: str, keyring: ApproverKeyring) -> None:
+    """Make a worker's approver keys known to workflow code of its task queue (done by `create_worker`)."""
+    _KEYRINGS[task_queue] = keyring
+
+
+def keyring_for(task_queue: str) -> ApproverKeyring | None:
+    """The approver keys of this process's worker on `task_queue`, if it has any."""
+    return _KEYRINGS.get(task_queue)
+
+
+@dataclass(frozen=True)
+class DecisionRules:
+    """What a run checks a decision against, all recorded when it started (so a replay checks the same)."""
+
+    policy_of: Callable[[str], RecordedApproverPolicy | None]
+    """The approver policy of a tool, by name."""
+    signed: bool
+    """Decisions must be signed (`AgentSpec.signed_approvals`)."""
+    starter: str | None
+    """Who started the run (`RunInput.started_by`)."""
+
+
+_RECENT_REJECTIONS = 50
+
+
 class Approvals:
     """The pending calls and decisions of one workflow run."""
 
-    def __init__(self, audit: list[ApprovalRecord] | None = None) -> None:
+    def __init__(self, audit: list[ApprovalRecord] | None = None, rules: DecisionRules | None = None) -> None:
         self.pending: dict[str, PendingApproval] = {}
         self.decided: dict[str, ApprovalRecord] = {}
         self.audit: list[ApprovalRecord] = list(audit or [])
         self.ignored_signals: list[str] = []
+        self.rules = rules or DecisionRules(policy_of=lambda tool: None, signed=False, starter=None)
+        self.votes: dict[str, list[ApprovalRecord]] = {}
+        """The decisions counted so far on calls that need several (a policy's `required`), by call id."""
+        self.rejected: deque[RejectedDecision] = deque(maxlen=_RECENT_REJECTIONS)
+        """Recent decisions the update validator refused. Kept in the worker's memory only (a refused decision
+        never enters the history), so it starts empty when a worker loads the run again."""
 
     def problem(self, call_id: str) -> str | None:
         """Why a decision about `call_id` cannot be taken now, or `None` if it can."""
@@ -79,17 +125,92 @@ class Approvals:
         waiting = ", ".join(sorted(self.pending)) or "none"
         return f"no call {call_id!r} is waiting for approval in this run (waiting: {waiting})"
 
+    def refusal(self, decision: ApprovalDecision, *, keyring: ApproverKeyring | None) -> str | None:
+        """Why `decision` may not be taken (its call, the approver policy, its signature), or `None` if it may.
+
+        `keyring`: the worker's approver keys, to verify signatures (the update validator, which a replay never
+        runs again); `None` for signals, which a replay does run again, so they cannot depend on keys.
+        """
+        problem = self.problem(decision.call_id)
+        if problem:
+            return problem
+        pending = self.pending[decision.call_id]
+        rules = self.rules
+        if keyring is None and rules.signed:
+            return ("this run takes only signed decisions, and signals cannot be checked for a signature: send the "
+                    "decision by the `decide` update (codemode approve, durable_codemode.decide)")
+        policy = rules.policy_of(pending.tool)
+        if policy is not None:
+            if decision.approver not in policy.approvers:
+                who = repr(decision.approver) if decision.approver else "a decision naming no approver"
+                return f"{who} may not decide {pending.tool}() calls: they need {policy.describe()}"
+            if decision.approved and not policy.allow_self_approval and decision.approver == rules.starter:
+                return (f"{decision.approver!r} started this run and may not approve its own {pending.tool}() "
+                        f"calls: they need {policy.describe()}")
+            if any(v.approver == decision.approver for v in self.votes.get(decision.call_id, [])):
+                return (f"{decision.approver!r} has already decided call {decision.call_id!r}; it needs "
+                        f"{policy.describe()}")
+        if keyring is not None and (rules.signed or decision.signature is not None):
+            return self._signature_problem(decision, keyring)
+        return None
+
+    def _signature_problem(self, decision: ApprovalDecision, keyring: ApproverKeyring) -> str | None:
+        if not decision.signature or not decision.key_id:
+            return keyring.verify(decision.key_id, decision.signature, b"", decision.approver)  # says what to do
+        if decision.expires_at is None:
+            return "a signed decision needs expires_at (when its signature stops being valid)"
+        now = workflow.now()
+        if decision.expires_at <= now:
+            return f"the decision expired at {decision.expires_at.isoformat()}; sign it again"
+        info = workflow.info()
+        payload = signing_payload(namespace=info.namespace, run_id=info.workflow_id, call_id=decision.call_id,
+                                  approved=decision.approved, note=decision.note, approver=decision.approver or "",
+                                  expires_at=decision.expires_at)
+        if not keyring:
+            return ("this worker holds no approver keys to check the signature with: give create_worker("
+                    "approver_keys=...) the approvers' public keys")
+        return keyring.verify(decision.key_id, decision.signature, payload, decision.approver)
+
+    def reject(self, decision: ApprovalDecision, reason: str) -> None:
+        """Remember a refused decision for the `rejected_decisions` query (worker memory only, see `rejected`)."""
+        self.rejected.append(RejectedDecision(call_id=decision.call_id, approver=decision.approver,
+                                              key_id=decision.key_id, approved=decision.approved, reason=reason,
+                                              at=workflow.now()))
+
     def decide(self, decision: ApprovalDecision, *, via: Literal["update", "signal", "timeout"]) -> ApprovalRecord:
-        """Record a decision on a pending call; the caller has checked `problem()` first."""
-        pending = self.pending.pop(decision.call_id)
+        """Record a decision on a pending call (the caller has checked `refusal()` first); settle it when it may.
+
+        Under an approver policy a call settles once it has its `required` approvals, or at a denial (the first
+        one when `any_denial_wins`, else once the approvals it needs can no longer come).
+        """
+        pending = self.pending[decision.call_id]
+        policy = self.rules.policy_of(pending.tool) if via != "timeout" else None
         record = ApprovalRecord(
             call_id=pending.call_id, tool=pending.tool, args=pending.args, requested_at=pending.requested_at,
             decided_at=workflow.now(), approved=decision.approved, note=decision.note, approver=decision.approver,
-            via=via,
+            via=via, key_id=decision.key_id, signed=decision.signature is not None,
+            policy=policy.describe() if policy else None, args_digest=call_digest(pending.tool, pending.args),
         )
-        self.decided[pending.call_id] = record
+        votes = self.votes.setdefault(pending.call_id, [])
+        votes.append(record)
+        record.settled = policy is None or self._settles(policy, votes)
         self.audit.append(record)
+        if record.settled:
+            self.pending.pop(pending.call_id)
+            self.votes.pop(pending.call_id, None)
+            self.decided[pending.call_id] = record  # the settling decision's own vote is the call's outcome
         return record
+
+    def _settles(self, policy: RecordedApproverPolicy, votes: list[ApprovalRecord]) -> bool:
+        approvals = sum(v.approved for v in votes)
+        if votes[-1].approved:
+            return approvals >= policy.required
+        if policy.any_denial_wins:
+            return True
+        voted = {v.approver for v in votes}
+        could_still = [p for p in policy.approvers if p not in voted
+                       and (policy.allow_self_approval or p != self.rules.starter)]
+        return approvals + len(could_still) < policy.required
 
     async def wait(self, pending: PendingApproval, timeout: timedelta | None) -> ApprovalRecord:
         """Wait, durably, for a decision on `pending`; past `timeout` the call is denied with a note saying so."""

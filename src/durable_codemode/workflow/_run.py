@@ -44,10 +44,12 @@ with workflow.unsafe.imports_passed_through():
         DECIDE_UPDATE,
         DENY_SIGNAL,
         PENDING_APPROVALS_QUERY,
+        REJECTED_DECISIONS_QUERY,
         ApprovalDecision,
         ApprovalRecord,
         BatchDecision,
         PendingApproval,
+        RejectedDecision,
     )
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._names import (
@@ -61,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         tool_activity_id,
     )
     from .._results import preview
+    from .._signing import ApproverKeyring
     from .._types import (
         AgentSpec,
         CallRecord,
@@ -76,7 +79,7 @@ with workflow.unsafe.imports_passed_through():
         TurnRecord,
         bound_turns,
     )
-    from ._approval_state import Approvals, approval_rule, denial_message
+    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
 
@@ -146,6 +149,11 @@ class CodeModeRunWorkflow:
         """The calls waiting for a decision, with their arguments and the program that made them."""
         return list(self._approvals.pending.values())
 
+    @workflow.query(name=REJECTED_DECISIONS_QUERY)
+    def rejected_decisions(self) -> list[RejectedDecision]:
+        """Recent decisions this run refused, with why (kept in the worker's memory: see `Approvals.rejected`)."""
+        return list(self._approvals.rejected)
+
     @workflow.update(name=DECIDE_UPDATE)
     def decide(self, decision: ApprovalDecision) -> ApprovalRecord:
         """Approve or deny one waiting call; returns the audit record."""
@@ -155,45 +163,61 @@ class CodeModeRunWorkflow:
 
     @decide.validator
     def _validate_decision(self, decision: ApprovalDecision) -> None:
-        problem = self._approvals.problem(decision.call_id)
-        if problem:
-            raise ValueError(problem)
+        self._refuse_unless_allowed([decision])
+
+    def _refuse_unless_allowed(self, decisions: list[ApprovalDecision]) -> None:
+        """Reject an update whose decisions may not be taken, before it enters the history; say who may decide.
+
+        Signatures are checked here with this worker's keys: a replay never runs a validator again, so it never
+        needs them. A rejection is final (not retryable): sending the same decision again cannot succeed.
+        """
+        keyring = keyring_for(workflow.info().task_queue) or ApproverKeyring({})
+        for decision in decisions:
+            refusal = self._approvals.refusal(decision, keyring=keyring)
+            if refusal:
+                self._approvals.reject(decision, refusal)
+                raise ApplicationError(refusal, type="ApprovalRejected", non_retryable=True)
 
     @workflow.update(name=DECIDE_ALL_UPDATE)
     def decide_all(self, batch: BatchDecision) -> list[ApprovalRecord]:
         """Approve or deny every waiting call at once."""
-        records = [
-            self._approvals.decide(ApprovalDecision(call_id=call_id, approved=batch.approved, note=batch.note,
-                                                    approver=batch.approver), via="update")
-            for call_id in sorted(self._approvals.pending)
-        ]
+        records = [self._approvals.decide(decision, via="update") for decision in self._batch(batch)]
         self._show_details()
         return records
+
+    def _batch(self, batch: BatchDecision) -> list[ApprovalDecision]:
+        return [ApprovalDecision(call_id=call_id, approved=batch.approved, note=batch.note, approver=batch.approver,
+                                 key_id=batch.key_id, signature=batch.signatures.get(call_id),
+                                 expires_at=batch.expires_at)
+                for call_id in sorted(self._approvals.pending)]
 
     @decide_all.validator
     def _validate_batch(self, batch: BatchDecision) -> None:
         if not self._approvals.pending:
-            raise ValueError("no call is waiting for approval in this run")
+            raise ApplicationError("no call is waiting for approval in this run", type="ApprovalRejected",
+                                   non_retryable=True)
+        self._refuse_unless_allowed(self._batch(batch))
 
     @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: ApprovalDecision) -> None:
-        """Approve one waiting call (fire-and-forget; an invalid call id is recorded and ignored)."""
+        """Approve one waiting call (fire-and-forget; an invalid decision is recorded and ignored)."""
         self._signal(decision, approved=True)
 
     @workflow.signal(name=DENY_SIGNAL)
     def deny(self, decision: ApprovalDecision) -> None:
-        """Deny one waiting call (fire-and-forget; an invalid call id is recorded and ignored)."""
+        """Deny one waiting call (fire-and-forget; an invalid decision is recorded and ignored)."""
         self._signal(decision, approved=False)
 
     def _signal(self, decision: ApprovalDecision, *, approved: bool) -> None:
-        problem = self._approvals.problem(decision.call_id)
+        decision = replace(decision, approved=approved)
+        # No keys: a replay runs signal handlers again, so their checks may use only what the run recorded.
+        problem = self._approvals.refusal(decision, keyring=None)
         if problem:
             # Never raise from a signal handler: that fails the workflow task, forever.
             self._approvals.ignored_signals.append(problem)
             workflow.logger.warning("ignored approval signal: %s", problem)
             return
-        self._approvals.decide(ApprovalDecision(call_id=decision.call_id, approved=approved, note=decision.note,
-                                                approver=decision.approver), via="signal")
+        self._approvals.decide(replace(decision, key_id=None, signature=None), via="signal")
         self._show_details()
 
     def _show_details(self) -> None:
@@ -217,7 +241,9 @@ class CodeModeRunWorkflow:
         self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._output_retries = cont.output_retries
         self._tool_retries = dict(cont.tool_retries)
-        self._approvals = Approvals(cont.approvals)
+        self._approvals = Approvals(cont.approvals, DecisionRules(
+            policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
+            starter=input.started_by))
         messages: list[ModelMessage] = list(input.message_history)
         if input.prompt is not None:
             now = workflow.now()
@@ -589,6 +615,7 @@ class CodeModeRunWorkflow:
             deps_type=input.deps_type,
             model_settings=input.model_settings,
             usage_limits=input.usage_limits,
+            started_by=input.started_by,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
                                       output_retries=self._output_retries, tool_retries=self._tool_retries),

@@ -1,0 +1,246 @@
+"""Approvals only the right people can give: approver policies, signed decisions, and a complete audit.
+
+Every refused decision is rejected by the update validator before it enters the history: the run keeps waiting
+and its history is unchanged. Every completed run's history replays, without the workers' keys.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
+
+from durable_codemode import (
+    ApprovalDecision,
+    ApprovalSigner,
+    ApproverPolicy,
+    CodeModeAgent,
+    CodeModeRunWorkflow,
+    ToolOptions,
+    decide,
+    generate_approver_key,
+    pending_approvals,
+    rejected_decisions,
+    start_run,
+)
+from durable_codemode._signing import signing_payload
+from durable_codemode.debugging import trace_run
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+
+from .test_approvals import wait_pending
+from .test_debugging import address, codemode
+
+KEYS = {name: generate_approver_key(name) for name in ("ana", "bob", "carol", "mallory")}
+KEYRING = {k.key_id: k.public_entry() for k in KEYS.values()}
+DIRECTORY = {"finance": ["ana", "bob", "carol"]}
+
+TWO_REFUNDS = ("import asyncio\n"
+               "async def one(order):\n"
+               "    try:\n"
+               "        return await refund(order=order, cents=500)\n"
+               "    except PermissionError as e:\n"
+               "        return str(e)\n"
+               "await asyncio.gather(one('A'), one('B'))")
+
+
+def payments_agent(name: str, code: str, refunds: list[str], **policy: Any) -> CodeModeAgent:
+    agent = Agent(scripted_model(RunCode(code), lambda m: json.dumps(last_result(m))), name=name)
+
+    @agent.tool_plain
+    def refund(order: str, cents: int) -> str:
+        """Refund `cents` on `order`."""
+        refunds.append(order)
+        return f"refunded {order}"
+
+    rule = ApproverPolicy(approvers=("group:finance",), **policy)
+    return CodeModeAgent(agent, tool_options={"refund": ToolOptions(requires_approval=True, approvers=rule)})
+
+
+def worker(client: Client, agent: CodeModeAgent, tq: str, **options: Any) -> Any:
+    return running_worker(client, [agent], task_queue=tq, approver_keys=KEYRING, approver_directory=DIRECTORY,
+                          **options)
+
+
+async def events(handle: WorkflowHandle[Any, Any]) -> int:
+    return len((await handle.fetch_history()).events)
+
+
+async def refused(client: Client, handle: WorkflowHandle[Any, Any], decision: ApprovalDecision) -> str:
+    """Send `decision` as is; it must be refused, leaving the history as it was: the refusal's message."""
+    before = await events(handle)
+    with pytest.raises(WorkflowUpdateFailedError) as failed:
+        await handle.execute_update(CodeModeRunWorkflow.decide, decision, id=f"{decision.call_id}-{before}")
+    assert await events(handle) == before, "a refused decision changed the history"
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "ApprovalRejected"
+    assert cause.non_retryable, "a refused decision must say it is not retryable"
+    return cause.message
+
+
+def signed(client: Client, handle: WorkflowHandle[Any, Any], call_id: str, signer: ApprovalSigner, *,
+           approver: str | None = None, approved: bool = True, note: str | None = None,
+           expires_at: datetime | None = None) -> ApprovalDecision:
+    """A decision signed by `signer`'s key, claiming to be `approver`'s (default: the key's own)."""
+    who = approver or signer.approver
+    expiry = expires_at or datetime.now(UTC) + timedelta(minutes=5)
+    payload = signing_payload(namespace=client.namespace, run_id=handle.id, call_id=call_id, approved=approved,
+                              note=note, approver=who, expires_at=expiry)
+    return ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=who, key_id=signer.key_id,
+                            signature=signer.sign(payload), expires_at=expiry)
+
+
+async def test_every_refused_decision_leaves_the_run_waiting_and_its_history_unchanged(client: Client) -> None:
+    refunds: list[str] = []
+    agent = payments_agent("authz-refused", TWO_REFUNDS, refunds, allow_self_approval=False)
+    tq = new_task_queue()
+    async with worker(client, agent, tq):
+        handle = await start_run(client, agent, "refund A and B", task_queue=tq, started_by="carol")
+        first, second = (p.call_id for p in await wait_pending(handle, 2))
+        ana, mallory, carol = KEYS["ana"], KEYS["mallory"], KEYS["carol"]
+        reasons = {
+            "unsigned": await refused(client, handle, ApprovalDecision(call_id=first, approver="ana")),
+            "forged": await refused(client, handle, signed(client, handle, first, mallory, approver="ana")),
+            "tampered": await refused(client, handle, replace(signed(client, handle, first, ana), note="all fine")),
+            "expired": await refused(client, handle, signed(client, handle, first, ana,
+                                                            expires_at=datetime.now(UTC) - timedelta(seconds=1))),
+            "other call": await refused(client, handle, replace(signed(client, handle, first, ana),
+                                                                call_id=second)),
+            "not an approver": await refused(client, handle, signed(client, handle, first, mallory)),
+            "self-approval": await refused(client, handle, signed(client, handle, first, carol)),
+        }
+        assert "not signed" in reasons["unsigned"]
+        assert "is 'mallory''s, but the decision says it is 'ana''s" in reasons["forged"]
+        assert "does not match" in reasons["tampered"] and "does not match" in reasons["other call"]
+        assert "expired" in reasons["expired"]
+        assert "'mallory' may not decide refund() calls: they need one of group:finance" in reasons["not an approver"]
+        assert "'carol' started this run and may not approve its own refund() calls" in reasons["self-approval"]
+        assert {p.call_id for p in await pending_approvals(client, handle.id)} == {first, second}  # still waiting
+        recent = await rejected_decisions(client, handle.id)
+        assert [r.reason for r in recent] == list(reasons.values())
+        # The right person's signed decisions settle both calls; nothing ran before.
+        assert refunds == []
+        for call_id in (first, second):
+            record = await decide(client, handle.id, call_id, approved=True, signer=ana)
+            assert record.signed and record.key_id == ana.key_id and record.policy == "one of group:finance, not " \
+                "the run's starter"
+        result = await handle.result()
+    assert sorted(refunds) == ["A", "B"]
+    assert all(r.signed for r in result.approvals)
+    await replay(handle)
+
+
+async def test_a_two_person_rule_needs_two_distinct_signed_approvals(client: Client, tmp_path: Path) -> None:
+    refunds: list[str] = []
+    agent = payments_agent("authz-two", "await refund(order='A', cents=90000)", refunds, required=2)
+    tq = new_task_queue()
+    bob_key = tmp_path / "bob.json"
+    KEYS["bob"].save(bob_key)
+    async with worker(client, agent, tq):
+        handle = await start_run(client, agent, "refund A", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        first = await decide(client, handle.id, pending.call_id, approved=True, signer=KEYS["ana"])
+        assert not first.settled and refunds == []  # counted, not enough: the call still waits
+        again = await refused(client, handle, signed(client, handle, pending.call_id, KEYS["ana"], note="again"))
+        assert "'ana' has already decided call" in again and "2 distinct approvals from group:finance" in again
+        # The second approval comes from the command line, signed with bob's key file.
+        rc, out, err = await codemode("approve", handle.id, pending.call_id, "--key", str(bob_key), "--note", "ok",
+                                      address=address(client))
+        assert rc == 0, err
+        result = await handle.result()
+    assert refunds == ["A"]
+    assert [(r.approver, r.settled, r.signed) for r in result.approvals] == [("ana", False, True), ("bob", True, True)]
+    assert result.approvals[1].note == "ok" and result.approvals[0].args_digest == result.approvals[1].args_digest
+    # The audit of the closed run, read from its history, is the run's own trail.
+    assert (await trace_run(client, handle.id)).audit == result.approvals
+    rc, out, err = await codemode("audit", handle.id, "--json", address=address(client))
+    assert rc == 0, err
+    trail = json.loads(out)["decisions"]
+    assert [(d["approver"], d["key_id"], d["policy"]) for d in trail] == [
+        ("ana", KEYS["ana"].key_id, "2 distinct approvals from group:finance"),
+        ("bob", KEYS["bob"].key_id, "2 distinct approvals from group:finance")]
+    await replay(handle)
+
+
+@pytest.mark.parametrize("denial_wins", [True, False])
+async def test_a_denial_settles_as_the_policy_says(client: Client, denial_wins: bool) -> None:
+    refunds: list[str] = []
+    agent = payments_agent(f"authz-deny-{denial_wins}", TWO_REFUNDS.replace(", one('B')", ""), refunds, required=2,
+                           any_denial_wins=denial_wins)
+    tq = new_task_queue()
+    async with worker(client, agent, tq):
+        handle = await start_run(client, agent, "refund A", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        denial = await decide(client, handle.id, pending.call_id, approved=False, note="no", signer=KEYS["bob"])
+        if not denial_wins:  # one vote against: ana and carol could still approve
+            assert not denial.settled
+            denial = await decide(client, handle.id, pending.call_id, approved=False, signer=KEYS["carol"])
+        assert denial.settled
+        result = await handle.result()
+    assert refunds == [] and "refund() was denied by" in result.output
+    await replay(handle)
+
+
+async def test_a_worker_that_could_check_no_decision_refuses_the_run_at_its_first_step(client: Client) -> None:
+    agent = payments_agent("authz-nokeys", "await refund(order='A', cents=1)", [])
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq, approver_directory=DIRECTORY):
+        handle = await start_run(client, agent, "refund A", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "holds no approver keys" in str(failed.value.cause.cause)
+    assert "unsigned_approvals=True" in str(failed.value.cause.cause)
+
+
+async def test_unsigned_decisions_where_the_author_allows_them_are_recorded_as_unsigned(client: Client) -> None:
+    refunds: list[str] = []
+    agent = payments_agent("authz-unsigned", "await refund(order='A', cents=1)", refunds)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq, approver_directory=DIRECTORY,
+                              unsigned_approvals=True):
+        handle = await start_run(client, agent, "refund A", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        # The policy still holds without signatures.
+        outsider = await refused(client, handle, ApprovalDecision(call_id=pending.call_id, approver="mallory"))
+        assert "'mallory' may not decide" in outsider
+        record = await decide(client, handle.id, pending.call_id, approved=True, approver="ana")
+        await handle.result()
+    assert not record.signed and record.key_id is None
+    rc, out, _ = await codemode("audit", handle.id, address=address(client))
+    assert rc == 0 and "UNSIGNED" in out and "by ana" in out
+    await replay(handle)
+
+
+async def test_signals_cannot_carry_a_signed_decision(client: Client) -> None:
+    refunds: list[str] = []
+    agent = payments_agent("authz-signal", "await refund(order='A', cents=1)", refunds)
+    tq = new_task_queue()
+    async with worker(client, agent, tq):
+        handle = await start_run(client, agent, "refund A", task_queue=tq)
+        (pending,) = await wait_pending(handle)
+        # A signal's check would run again on replay, where the keys may be gone: signed runs ignore them.
+        await handle.signal(CodeModeRunWorkflow.approve, signed(client, handle, pending.call_id, KEYS["ana"]))
+        assert [p.call_id for p in await pending_approvals(client, handle.id)] == [pending.call_id]
+        await decide(client, handle.id, pending.call_id, approved=True, signer=KEYS["ana"])
+        await handle.result()
+    assert refunds == ["A"]
+    await replay(handle)
+
+
+async def test_keygen_writes_a_private_key_and_prints_its_public_entry(tmp_path: Path) -> None:
+    target = tmp_path / "dana.json"
+    rc, out, err = await codemode("keygen", "dana", "-o", str(target), "--key-id", "dana-1")
+    assert rc == 0, err
+    entry = json.loads(out)
+    assert list(entry) == ["dana-1"] and entry["dana-1"]["approver"] == "dana"
+    assert target.stat().st_mode & 0o777 == 0o600
+    signer = ApprovalSigner.load(target)
+    assert signer.public_entry() == entry["dana-1"]
+    rc, _, err = await codemode("keygen", "dana", "-o", str(target))
+    assert rc != 0 and "exists" in err
