@@ -6,6 +6,7 @@ and its history is unchanged. Every completed run's history replays, without the
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -29,8 +30,12 @@ from durable_codemode import (
     pending_approvals,
     rejected_decisions,
     start_run,
+    temporal_cli_path,
+    wait_for_approvals,
 )
 from durable_codemode._signing import signing_payload
+from durable_codemode.apps.activities.cart import CartStore
+from durable_codemode.apps.workflows import cart
 from durable_codemode.debugging import trace_run
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 
@@ -147,6 +152,8 @@ async def test_a_two_person_rule_needs_two_distinct_signed_approvals(client: Cli
         (pending,) = await wait_pending(handle)
         first = await decide(client, handle.id, pending.call_id, approved=True, signer=KEYS["ana"])
         assert not first.settled and refunds == []  # counted, not enough: the call still waits
+        live = (await trace_run(client, handle.id)).audit  # the audit of the open run, from its history
+        assert live == [first]
         again = await refused(client, handle, signed(client, handle, pending.call_id, KEYS["ana"], note="again"))
         assert "'ana' has already decided call" in again and "2 distinct approvals from group:finance" in again
         # The second approval comes from the command line, signed with bob's key file.
@@ -157,8 +164,9 @@ async def test_a_two_person_rule_needs_two_distinct_signed_approvals(client: Cli
     assert refunds == ["A"]
     assert [(r.approver, r.settled, r.signed) for r in result.approvals] == [("ana", False, True), ("bob", True, True)]
     assert result.approvals[1].note == "ok" and result.approvals[0].args_digest == result.approvals[1].args_digest
-    # The audit of the closed run, read from its history, is the run's own trail.
-    assert (await trace_run(client, handle.id)).audit == result.approvals
+    # The audit of the closed run, read from its history, is the run's own trail, and goes on from the live one.
+    closed = (await trace_run(client, handle.id)).audit
+    assert closed == result.approvals and closed[:1] == live
     rc, out, err = await codemode("audit", handle.id, "--json", address=address(client))
     assert rc == 0, err
     trail = json.loads(out)["decisions"]
@@ -244,3 +252,28 @@ async def test_keygen_writes_a_private_key_and_prints_its_public_entry(tmp_path:
     assert signer.public_entry() == entry["dana-1"]
     rc, _, err = await codemode("keygen", "dana", "-o", str(target))
     assert rc != 0 and "exists" in err
+
+
+async def test_the_guarded_cart_waits_and_the_plain_temporal_cli_decides(client: Client, tmp_path: Path) -> None:
+    """The README's walk-through: the bundled `cart-guarded` agent pauses its $150 add; `temporal` approves it."""
+    store = CartStore(tmp_path / "cart.sqlite")
+    store.seed(lines=3)
+    agent = cart.guarded_cart_agent(store)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
+        handle = await start_run(client, agent, cart.GUARDED_PROMPT, task_queue=tq)
+        (pending,) = await wait_for_approvals(client, handle.id)
+        assert (pending.tool, pending.args["unit_price_cents"]) == ("add_line", 15000)
+        assert not any(line["product"] == "espresso machine" for line in store.all_lines())
+        decision = json.dumps({"call_id": pending.call_id, "approved": True, "approver": "ana"})
+        proc = await asyncio.create_subprocess_exec(
+            str(temporal_cli_path()), "workflow", "update", "execute", "--address", address(client),
+            "--workflow-id", handle.id, "--name", "decide", "--input", decision,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        result = await handle.result()
+    assert result.output.startswith("Added line") and "espresso machine at $150.00" in result.output
+    assert [r.approver for r in result.approvals] == ["ana"] and not result.approvals[0].signed
+    assert any(line["product"] == "espresso machine" for line in store.all_lines())
+    await replay(handle)

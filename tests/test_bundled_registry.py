@@ -17,7 +17,7 @@ def test_the_worker_serves_the_five_apps_and_the_cross_app_agent(
     for name in [k for k in os.environ if k.startswith("CODEMODE_")]:
         monkeypatch.delenv(name)
     names = [agent.name for agent in workflows.agents()]
-    assert names == ["cart", "calendar", "chat", "kanban", "inventory", "cart-inventory"]
+    assert names == ["cart", "cart-guarded", "calendar", "chat", "kanban", "inventory", "cart-inventory"]
     stores = {p.name for p in (tmp_path / ".local/share/durable-codemode").glob("*.sqlite")}
     assert {"cart.sqlite", "inventory.sqlite"} <= stores and len(stores) == 5
 

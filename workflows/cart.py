@@ -13,14 +13,16 @@ A run can still pick any model per run with `codemode run cart "..." --model ope
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models import Model
 from pydantic_ai.models.function import FunctionModel
 
-from durable_codemode import CodeModeAgent
+from durable_codemode import CodeModeAgent, ToolOptions
 from durable_codemode.apps.activities.cart import CartLine, CartStore, CartTools, check_removed_over, over_threshold
 from durable_codemode.apps.workflows.tasks import (
     SCALING_SIZES,
@@ -32,13 +34,14 @@ from durable_codemode.apps.workflows.tasks import (
     summary_answer,
     tool_calling_model,
 )
-from durable_codemode.testing import RunCode, scripted_model
+from durable_codemode.testing import RunCode, last_result, scripted_model
 
 __all__ = [
     "CART_DB_ENV",
     "CART_TASK",
     "DEFAULT_CART_DB",
     "DEMO_PROMPT",
+    "GUARD_CENTS",
     "INSTRUCTIONS",
     "MODEL_ENV",
     "SCRIPTED_MODEL_NAME",
@@ -47,6 +50,7 @@ __all__ = [
     "cart_agent",
     "cart_db_path",
     "format_cents",
+    "guarded_cart_agent",
     "model_from_env",
     "scripted_cart_model",
 ]
@@ -162,14 +166,53 @@ def cart_agent(store: CartStore, *, model: Model | str | None = None) -> CodeMod
     return CodeModeAgent(agent)
 
 
+GUARD_CENTS = 10_000
+"""In the `cart-guarded` agent, adding a line that costs more than this ($100) in all waits for a person."""
+
+GUARDED_PROMPT = "Add an espresso machine for $150"
+_GUARDED_PROGRAM = "await add_line(product='espresso machine', unit_price_cents=15000)"
+
+
+def _over_the_guard(args: dict[str, Any]) -> bool:
+    """The approval rule of `cart-guarded`'s `add_line`: a pure function of the call's arguments."""
+    return int(args.get("unit_price_cents", 0)) * int(args.get("quantity", 1)) > GUARD_CENTS
+
+
+def _guarded_answer(messages: list[ModelMessage]) -> str:
+    outcome = last_result(messages)
+    if "error" in outcome:
+        return f"Not added: {outcome['error']}"
+    line = outcome.get("result") or {}
+    price = format_cents(line.get("unit_price_cents", 0))
+    return f"Added line {line.get('line_id')}: {line.get('product')} at {price}."
+
+
+def guarded_cart_agent(store: CartStore, *, model: Model | str | None = None) -> CodeModeAgent:
+    """The cart agent with one gated call: adding a line over `GUARD_CENTS` waits for a person's approval.
+
+    So `codemode dev` shows a pause: `codemode run cart-guarded "Add an espresso machine for $150"` waits at the
+    call until `codemode approve` (or the `decide` update) decides it. Its scripted model, offline, writes that
+    one program whatever the prompt, then answers from what it returned.
+    """
+    chosen: Model | str = model or model_from_env() or scripted_model(
+        RunCode(_GUARDED_PROGRAM), _guarded_answer, name=SCRIPTED_MODEL_NAME)
+    agent = Agent(chosen, name="cart-guarded", toolsets=[CartTools(store).toolset()],
+                  instructions=INSTRUCTIONS + " Adding a line over $100 waits for a person's approval.")
+    return CodeModeAgent(agent, tool_options={
+        "add_line": ToolOptions(approval_rule=_over_the_guard, approval_timeout=timedelta(hours=24))})
+
+
 def agents() -> list[CodeModeAgent]:
-    """The agents the bundled worker serves: the cart, over `cart_db_path()`, seeded with 122 lines if new."""
+    """The agents the bundled worker serves, over `cart_db_path()` (seeded with 122 lines if new).
+
+    The cart, and `cart-guarded`, whose adds over $100 wait for approval.
+    """
     path = cart_db_path()
     store = CartStore(path)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         store.seed(lines=122)
-    return [cart_agent(store)]
+    return [cart_agent(store), guarded_cart_agent(store)]
 
 
 # -- the benchmark task ------------------------------------------------------------------------------------------
