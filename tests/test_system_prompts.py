@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, TextPart, UserPromptPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.client import Client
 
-from durable_codemode import CodeModeAgent, start_run
+from durable_codemode import CodeModeAgent, InvalidRunInputError, start_run
 from durable_codemode.testing import new_task_queue, replay, running_worker
 
 
@@ -55,3 +56,25 @@ async def test_system_prompts_open_a_new_conversation_as_in_agent_run(client: Cl
     assert durable == plain
     await replay(handle)
     await replay(continued)
+
+
+async def test_a_runs_own_instructions_join_the_agents_as_in_agent_run(client: Client) -> None:
+    seen: list[str | None] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(info.instructions)
+        return ModelResponse(parts=[TextPart("bonjour")])
+
+    agent = Agent(FunctionModel(model), name="instructed", instructions="Be brief.")
+    await agent.run("hi", instructions="Answer in French.")
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq):
+        handle = await start_run(client, "instructed", "hi", task_queue=tq, instructions="Answer in French.")
+        assert (await handle.result()).output == "bonjour"
+        plain_again = await start_run(client, "instructed", "hi", task_queue=tq)  # another run: the agent's only
+        await plain_again.result()
+    assert seen[1] == seen[0] and "Answer in French." in (seen[0] or "") and "Be brief." in (seen[0] or "")
+    assert seen[2] is not None and "French" not in seen[2]
+    with pytest.raises(InvalidRunInputError, match="instructions must be a string"):
+        await start_run(client, "instructed", "hi", task_queue=tq, instructions=["Answer in French."])  # type: ignore[arg-type]
+    await replay(handle)

@@ -74,6 +74,10 @@ class RunInput:
     """pydantic-ai `UsageLimits` for this run, checked in workflow code before each model request and tool call
     and after each response, over the whole chain; past one, the run fails with `UsageLimitExceeded`."""
 
+    instructions: str | None = None
+    """This run's own instructions, added to the agent's (as `Agent.run(instructions=...)`); recorded in the spec
+    when the run starts, so every model request of the chain carries them."""
+
     started_by: str | None = None
     """Who started the run (`start_run(started_by=...)`, `codemode run`: `$USER`), for approver policies that keep a
     run's starter from approving its own calls. As the client says: Temporal does not authenticate it."""

@@ -347,7 +347,8 @@ async def _run(args: argparse.Namespace) -> int:
     try:
         handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
                                  model=args.model, message_history=messages, deps=deps,
-                                 started_by=args.started_by or os.environ.get("USER"))
+                                 started_by=args.started_by or os.environ.get("USER"),
+                                 instructions=args.instructions)
     except RPCError as e:
         raise CodeModeUserError(
             f"the server at {_address(client)} refused to start the run: {e.message}"
@@ -705,6 +706,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "finish; stop (exit 3) if the run waits for approval")
     run.add_argument("--messages", metavar="FILE", help="continue a conversation: a JSON list of pydantic-ai "
                      "messages (PROMPT may then be empty if the last one is a request)")
+    run.add_argument("--instructions", metavar="TEXT", help="this run's own instructions, added to the agent's (as "
+                     "Agent.run(instructions=...))")
     run.add_argument("--as", dest="started_by", metavar="NAME", help="who starts the run, recorded with it (default: "
                      "$USER): approver policies may refuse this person's approvals of its calls")
     run.add_argument("--deps-json", metavar="JSON", help="the run's deps as JSON (e.g. '{\"tenant\": \"acme\"}'), "

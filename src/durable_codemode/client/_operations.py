@@ -185,6 +185,7 @@ async def start_run(
     usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
     started_by: str | None = None,
+    instructions: str | None = None,
 ) -> WorkflowHandle[CodeModeRunWorkflow, RunResult[Any]]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
 
@@ -209,6 +210,8 @@ async def start_run(
             model request and tool call and after each response, over the whole continue-as-new chain. Past one
             the run fails with pydantic-ai's `UsageLimitExceeded` message, not retried.
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
+        instructions: this run's own instructions, added to the agent's, as `Agent.run(instructions=...)`; recorded
+            when the run starts and sent with every model request of the run.
         started_by: who starts the run, recorded with it: an approver policy with `allow_self_approval=False`
             refuses this person's approvals of the run's calls. As the caller says (not authenticated).
 
@@ -225,13 +228,17 @@ async def start_run(
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
     prompt_or_none, history = validate_run_input(name, prompt, message_history)
     run_deps, deps_type = deps_for_run(client, deps, agent if isinstance(agent, CodeModeAgent) else None)
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRunInputError(f"instructions must be a string (added to the agent's for this run), got "
+                                   f"{type(instructions).__name__}")
     if model_settings is not None and not isinstance(model_settings, dict):
         raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
                                    f"{type(model_settings).__name__}")
     run_input = RunInput(agent=name, prompt=prompt_or_none, model=check_run_model(model), message_history=history,
                          deps=run_deps, deps_type=deps_type,
                          model_settings=dict(model_settings) if model_settings else None,
-                         usage_limits=check_usage_limits(usage_limits), started_by=started_by)
+                         usage_limits=check_usage_limits(usage_limits), started_by=started_by,
+                         instructions=instructions)
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -255,6 +262,7 @@ async def run_agent(
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
     run_id: str | None = None,
+    instructions: str | None = None,
     output_type: Any = None,
 ) -> RunResult[Any]:
     """Start an agent run and wait for its result (see `start_run` for the arguments), its output as `output_type`.
@@ -265,7 +273,7 @@ async def run_agent(
     """
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
-                             usage_limits=usage_limits, run_id=run_id)
+                             usage_limits=usage_limits, run_id=run_id, instructions=instructions)
     if output_type is None and isinstance(agent, CodeModeAgent):
         output_type = agent.output_type
     return await run_result(handle, output_type)

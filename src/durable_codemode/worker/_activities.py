@@ -108,14 +108,15 @@ class CodeModeActivities:
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
-                             model: str | None = None) -> AgentSpec:
+                             model: str | None = None, instructions: str | None = None) -> AgentSpec:
         """Record the agent's spec at the start of a run (with its deps: dynamic instructions and tools see them).
 
         The run's model is built here first: a missing key or unknown model fails the run at its first step, not
         retried. (`model` comes last, with a default: runs started before it was passed schedule three arguments.)
         """
         try:
-            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model, authority=self._authority)
+            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model, authority=self._authority,
+                                                   instructions=instructions)
         except CodeModeUserError as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:

@@ -329,13 +329,15 @@ class CodeModeAgent:
     # -- activity bodies --------------------------------------------------------------------------------------
 
     async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
-                       model: str | None = None, authority: ApprovalAuthority | None = None) -> AgentSpec:
+                       model: str | None = None, authority: ApprovalAuthority | None = None,
+                       instructions: str | None = None) -> AgentSpec:
         """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
 
         Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`). The run's model
         (`model`, else the agent's) is built first, so one that cannot work fails the run before any model request.
         With the worker's approval `authority`, tools' approver policies are recorded with their groups resolved,
-        and a run whose calls could never be approved on this worker is refused.
+        and a run whose calls could never be approved on this worker is refused. The run's own `instructions` are
+        added to the agent's, as `Agent.run(instructions=...)` adds them.
         """
         self.resolve_model(model)
         deps = self.run_deps(raw_deps, type_name=deps_type)
@@ -347,7 +349,8 @@ class CodeModeAgent:
         # prompts, static and from `@agent.system_prompt` functions, with the run's deps) and the output tools
         # exactly as an ordinary run does, using only its public API.
         try:
-            await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps)
+            await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
+                                 instructions=instructions)
             raise AssertionError("the probing run ended without a model request")
         except _Probed as probed:
             info = probed.info

@@ -229,7 +229,9 @@ class CodeModeRunWorkflow:
         if cont is None:
             spec = await workflow.execute_local_activity(
                 DESCRIBE_AGENT_ACTIVITY,
-                args=[input.agent, input.deps, input.deps_type, input.model],
+                # The run's own instructions only when it has some: runs recorded before passed four arguments.
+                args=[input.agent, input.deps, input.deps_type, input.model,
+                      *([input.instructions] if input.instructions else [])],
                 result_type=AgentSpec,
                 start_to_close_timeout=_DESCRIBE_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
@@ -616,6 +618,7 @@ class CodeModeRunWorkflow:
             model_settings=input.model_settings,
             usage_limits=input.usage_limits,
             started_by=input.started_by,
+            instructions=input.instructions,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
                                       output_retries=self._output_retries, tool_retries=self._tool_retries),
