@@ -277,3 +277,33 @@ async def test_the_guarded_cart_waits_and_the_plain_temporal_cli_decides(client:
     assert [r.approver for r in result.approvals] == ["ana"] and not result.approvals[0].signed
     assert any(line["product"] == "espresso machine" for line in store.all_lines())
     await replay(handle)
+
+
+def test_keys_and_the_directory_load_from_files_and_malformed_ones_say_what_is_wrong(tmp_path: Path) -> None:
+    from durable_codemode import ApproverKeyring, CodeModeUserError
+    from durable_codemode.worker._approvers import ApproverDirectory
+
+    keys = tmp_path / "approvers.json"
+    keys.write_text(json.dumps(KEYRING))
+    ring = ApproverKeyring.of(keys)
+    ana = KEYS["ana"]
+    payload = b"payload"
+    assert ring.verify(ana.key_id, ana.sign(payload), payload, "ana") is None
+    assert "does not match" in (ring.verify(ana.key_id, ana.sign(b"other"), payload, "ana") or "")
+    (tmp_path / "bad.json").write_text(json.dumps({"k1": {"approver": "ana"}}))
+    with pytest.raises(CodeModeUserError, match=r"entry 'k1' of .*bad.json is not an approver key: it needs"):
+        ApproverKeyring.of(tmp_path / "bad.json")
+    with pytest.raises(CodeModeUserError, match="cannot read the approver keys"):
+        ApproverKeyring.of(tmp_path / "missing.json")
+
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps(DIRECTORY))
+    policy = ApproverPolicy(approvers=("group:finance", "dana"), required=2)
+    recorded = ApproverDirectory(groups).resolve(policy)
+    assert recorded.approvers == ["ana", "bob", "carol", "dana"] and recorded.named == ["group:finance", "dana"]
+    with pytest.raises(CodeModeUserError, match="approver group 'legal' is not in the worker's approver directory"):
+        ApproverDirectory(groups).resolve(ApproverPolicy(approvers=("group:legal",)))
+    with pytest.raises(CodeModeUserError, match="needs 3 distinct approvers but names 1"):
+        ApproverDirectory({"ops": ["eve"]}).resolve(ApproverPolicy(approvers=("group:ops",), required=3))
+    with pytest.raises(CodeModeUserError, match="at least one person or group"):
+        ApproverPolicy(approvers="ana")  # type: ignore[arg-type]  # a string, not a tuple of names
