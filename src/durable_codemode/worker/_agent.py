@@ -37,6 +37,7 @@ from .._stubs import render_stubs, run_code_tool_definition
 from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
+from ._mcp import as_received, mcp_toolsets, reconnect_lost
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
 
@@ -270,6 +271,10 @@ class CodeModeAgent:
         """
         if ctx is not None:
             return await self._read_tools(ctx)
+        if mcp_toolsets(self.agent.toolsets):
+            # Not cached here: an MCP server's tool list may change while the worker runs (the toolset keeps it
+            # until the server says it changed, or it reconnects), and a new run must record the new one.
+            return await self._read_tools(self._run_context())
         if self._tools is None:
             self._tools = await self._read_tools(self._run_context())
         return self._tools
@@ -278,6 +283,8 @@ class CodeModeAgent:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
         for toolset in self.agent.toolsets:
             for tool_name, tool in (await toolset.get_tools(ctx)).items():
+                if mcp_toolsets([tool.toolset]):  # stubs and native calls describe the value a call returns
+                    tool = replace(tool, tool_def=as_received(tool.tool_def))
                 found[tool_name] = (toolset, tool)
         if RUN_CODE_TOOL in found and self.code_mode:
             raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
@@ -509,13 +516,26 @@ class CodeModeAgent:
 
         """
         run_deps = self.run_deps(deps)
-        tools = await self.tools(self._run_context(deps=run_deps)) if deps is not None else await self.tools()
+        try:
+            tools = await self.tools(self._run_context(deps=run_deps)) if deps is not None else await self.tools()
+        except Exception as e:
+            reconnect_lost(self.agent.toolsets, e, subject=f"the tools of agent {self.name!r}")
+            raise
         if tool_name not in tools:
+            if mcp_toolsets(self.agent.toolsets):
+                raise KeyError(
+                    f"agent {self.name!r} has no tool {tool_name!r} now, though it had when the run started: the "
+                    f"tool list of its MCP servers changed since (its tools now: {sorted(tools)}). Runs started "
+                    "from now on see the new list; this run's programs were checked against the old one")
             raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
         toolset, tool = tools[tool_name]
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
-        if self._hooked:
-            return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
-        validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
-        return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
+        try:
+            if self._hooked:
+                return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+            validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
+            return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
+        except Exception as e:
+            reconnect_lost([tool.toolset], e, subject=f"{tool_name}() of agent {self.name!r}")
+            raise
 

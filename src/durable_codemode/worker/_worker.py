@@ -31,6 +31,7 @@ from ..workflow._sandbox import close_repls
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
+from ._mcp import McpServers
 from ._seal import repl_key_from_env
 
 with workflow.unsafe.imports_passed_through():
@@ -198,6 +199,8 @@ def create_worker(
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
     worker_options.setdefault("workflow_runner", workflow_runner())
 
+    mcp_servers = McpServers([agent.agent for agent in agents])
+
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
         in_process = reserve_task_slots(slots)
@@ -209,7 +212,8 @@ def create_worker(
                 "max_concurrent_workflow_tasks or the pool more PoolSettings.max_processes.",
                 in_process, settings.max_processes)
         try:
-            yield
+            async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
+                yield
         finally:
             reserve_task_slots(-slots)
             close_repls(task_queue)

@@ -1,0 +1,215 @@
+"""MCP servers as users have them: pydantic-ai's `MCPToolset` over stdio and streamable HTTP, under a durable run.
+
+Real fastmcp servers (`tests/_mcp_server.py`) in their own processes, a real Temporal dev server and real Monty;
+only the model is scripted. Every completed run's history is replayed offline, with no server running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastmcp.client.transports import StdioTransport
+from pydantic_ai import Agent
+from pydantic_ai.mcp import MCPToolset
+from temporalio.client import Client
+
+from durable_codemode import CodeModeAgent, ToolOptions, start_run
+from durable_codemode.testing import CallTool, RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+
+SERVER = str(Path(__file__).with_name("_mcp_server.py"))
+_QUIET = {"FASTMCP_LOG_LEVEL": "ERROR"}
+
+
+def stdio_toolset(state: Path | None = None) -> MCPToolset[Any]:
+    args = [SERVER, *(["--state", str(state)] if state else [])]
+    return MCPToolset(StdioTransport(command=sys.executable, args=args, env=dict(os.environ, **_QUIET)),
+                      id="inventory")
+
+
+def mcp_agent(name: str, toolset: MCPToolset[Any], *steps: Any, **options: Any) -> CodeModeAgent:
+    return CodeModeAgent(Agent(scripted_model(*steps), name=name, toolsets=[toolset]), **options)
+
+
+def _answer(messages: Any) -> str:
+    return json.dumps(last_result(messages))
+
+
+def _snippets(result: Any) -> list[Any]:
+    return [s for t in result.turns for s in t.snippets]
+
+
+def _server_pids() -> list[int]:
+    """The pids of the test MCP servers running now (children of this process or not)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if SERVER.encode() in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+GATHERED = """\
+import asyncio
+counts = await asyncio.gather(stock(sku='a'), stock(sku='b'), stock(sku='c'))
+item_c = await item(sku='c')
+total: int = sum(counts) + item_c['qty']
+names = await skus()
+{"counts": counts, "total": total, "first": names[0].upper(), "double": [n * 2 for n in counts]}
+"""
+
+
+async def test_stdio_tools_type_check_as_the_values_they_return(client: Client) -> None:
+    # The issue's program: `sum` over gathered int results, refused before as no-matching-overload.
+    agent = mcp_agent("mcp-stdio", stdio_toolset(), RunCode(GATHERED), _answer)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-stdio", "go", task_queue=tq)
+        result = await handle.result()
+    snippet = _snippets(result)[0]
+    assert snippet.outcome == "ok", snippet.result
+    assert json.loads(result.output)["result"] == {"counts": [7, 14, 21], "total": 63, "first": "A",
+                                                   "double": [14, 28, 42]}
+    await replay(handle)
+
+
+async def test_stubs_describe_unwrapped_results_and_a_wrong_use_is_refused(client: Client) -> None:
+    wrong = "n = await stock(sku='a')\nn['result']"
+    agent = mcp_agent("mcp-stubs", stdio_toolset(), RunCode(wrong), _answer)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-stubs", "go", task_queue=tq)
+        result = await handle.result()
+    snippet = _snippets(result)[0]
+    assert snippet.outcome == "rejected" and "int" in snippet.result
+    await replay(handle)
+
+
+async def test_native_mcp_tools_and_catchable_errors(client: Client) -> None:
+    code = ("try:\n    await reserve(sku='nope')\n    caught = None\nexcept Exception as e:\n    caught = str(e)\n"
+            "[await reserve(sku='a'), caught]")
+    agent = mcp_agent("mcp-native", stdio_toolset(), CallTool("item", {"sku": "b"}), RunCode(code), _answer,
+                      sandbox_tools=["reserve"])
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-native", "go", task_queue=tq)
+        result = await handle.result()
+    direct = [c for t in result.turns for c in t.direct_calls]
+    assert [c.tool for c in direct] == ["item"] and json.loads(direct[0].result) == {"sku": "b", "qty": 14}
+    reserved, caught = json.loads(result.output)["result"]
+    assert reserved == "reserved a"
+    assert caught is not None and "unknown sku 'nope'" in caught
+    await replay(handle)
+
+
+async def test_one_stdio_server_per_worker_stopped_with_it(client: Client) -> None:
+    code = "import asyncio\nawait asyncio.gather(*(server_pid() for _ in range(4)))"
+    agent = mcp_agent("mcp-once", stdio_toolset(), RunCode(code), RunCode("await server_pid()"), _answer)
+    tq = new_task_queue()
+    before = set(_server_pids())
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-once", "go", task_queue=tq)
+        result = await handle.result()
+        running = set(_server_pids()) - before
+    pids = json.loads(_snippets(result)[0].result)["result"]
+    assert len(set(pids)) == 1 and json.loads(result.output)["result"] == pids[0]
+    assert running == {pids[0]}
+    assert pids[0] not in _server_pids()  # the worker's shutdown stopped it
+    await replay(handle)
+
+
+async def test_a_server_killed_mid_call_is_restarted_and_the_call_retried(client: Client, tmp_path: Path) -> None:
+    (tmp_path / "crash-next").touch()
+    code = "before = await server_pid()\nr = await reserve(sku='a')\n[before, r, await server_pid()]"
+    agent = mcp_agent("mcp-crash", stdio_toolset(tmp_path), RunCode(code), _answer,
+                      tool_options={"reserve": ToolOptions(retry_policy=_retry(3))})
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-crash", "go", task_queue=tq)
+        result = await handle.result()
+    before, reserved, after = json.loads(result.output)["result"]
+    assert reserved == "reserved a"
+    assert before != after  # a new server answered the retry
+    assert not (tmp_path / "crash-next").exists()  # the first attempt did reach the server, which died in it
+    history = await handle.fetch_history()
+    failed = [e for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+              and e.activity_task_scheduled_event_attributes.activity_type.name == "mcp-crash.reserve"]
+    assert len(failed) == 1  # one activity, retried within it (attempts are not new events)
+    await replay(handle)
+
+
+async def test_a_tool_gone_since_the_run_started_is_a_clear_error(client: Client, tmp_path: Path) -> None:
+    # The run records `stock`; the server then restarts as a version that renamed it.
+    (tmp_path / "crash-next").touch()
+    first = "await stock(sku='a')"
+    second = ("try:\n    await reserve(sku='a')\nexcept Exception as e:\n    pass\n"
+              "try:\n    r = await stock(sku='a')\nexcept KeyError as e:\n    r = str(e)\nr")
+
+    def flip(messages: Any) -> RunCode:
+        (tmp_path / "variant").write_text("v2")
+        return RunCode(second)
+
+    agent = mcp_agent("mcp-drift", stdio_toolset(tmp_path), RunCode(first), flip, _answer,
+                      tool_options={"reserve": ToolOptions(retry_policy=_retry(2))})
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-drift", "go", task_queue=tq)
+        result = await handle.result()
+    assert json.loads(_snippets(result)[0].result)["result"] == 7
+    message = json.loads(result.output)["result"]
+    assert "has no tool 'stock' now" in message and "stock_level" in message
+    await replay(handle)
+
+
+def _retry(attempts: int) -> Any:
+    from datetime import timedelta
+
+    from temporalio.common import RetryPolicy
+    return RetryPolicy(maximum_attempts=attempts, initial_interval=timedelta(milliseconds=100))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def http_server() -> AsyncIterator[str]:
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(sys.executable, SERVER, "--http", str(port),
+                                                env=dict(os.environ, **_QUIET))
+    try:
+        for _ in range(200):  # until it accepts connections (it takes about a second to import and bind)
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+async def test_streamable_http_server(client: Client, http_server: str) -> None:
+    agent = mcp_agent("mcp-http", MCPToolset(http_server, id="inventory"), RunCode(GATHERED),
+                      CallTool("item", {"sku": "a"}), _answer, sandbox_tools=["stock", "skus", "item"])
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-http", "go", task_queue=tq)
+        result = await handle.result()
+    assert json.loads(_snippets(result)[0].result)["result"]["total"] == 63
+    await replay(handle)
