@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,18 @@ from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
 from pydantic_ai.mcp import MCPToolset
 from temporalio.client import Client
+from temporalio.common import RetryPolicy
 
 from durable_codemode import CodeModeAgent, ToolOptions, start_run
-from durable_codemode.testing import CallTool, RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.testing import (
+    CallTool,
+    RunCode,
+    last_result,
+    new_task_queue,
+    replay,
+    running_worker,
+    scripted_model,
+)
 
 SERVER = str(Path(__file__).with_name("_mcp_server.py"))
 _QUIET = {"FASTMCP_LOG_LEVEL": "ERROR"}
@@ -172,10 +182,7 @@ async def test_a_tool_gone_since_the_run_started_is_a_clear_error(client: Client
     await replay(handle)
 
 
-def _retry(attempts: int) -> Any:
-    from datetime import timedelta
-
-    from temporalio.common import RetryPolicy
+def _retry(attempts: int) -> RetryPolicy:
     return RetryPolicy(maximum_attempts=attempts, initial_interval=timedelta(milliseconds=100))
 
 
