@@ -60,6 +60,7 @@ from durable_codemode import (
 )
 from durable_codemode._pool import live_sessions, shutdown_pool
 from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
+from durable_codemode.worker._worker import workflow_runner
 
 Side = Literal["codemode", "floor"]
 Cache = Literal["cached", "evicted"]
@@ -535,9 +536,9 @@ async def run(args: argparse.Namespace) -> int:
             create_worker(client, agents, task_queue=CM_EVICTED_QUEUE, pool=pool, max_cached_workflows=0,
                           max_concurrent_workflow_tasks=slots, unsigned_approvals=True),
             Worker(client, task_queue=FLOOR_CACHED_QUEUE, workflows=[ApprovalsFloorWorkflow],
-                   activities=APPROVALS_FLOOR_ACTIVITIES),
+                   activities=APPROVALS_FLOOR_ACTIVITIES, workflow_runner=workflow_runner()),
             Worker(client, task_queue=FLOOR_EVICTED_QUEUE, workflows=[ApprovalsFloorWorkflow],
-                   activities=APPROVALS_FLOOR_ACTIVITIES, max_cached_workflows=0),
+                   activities=APPROVALS_FLOOR_ACTIVITIES, max_cached_workflows=0, workflow_runner=workflow_runner()),
         ]
         rows: list[LatencyRow] = []
         async with workers[0], workers[1], workers[2], workers[3]:

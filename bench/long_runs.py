@@ -136,7 +136,7 @@ async def run(args: argparse.Namespace) -> int:
             agents = [long_agent(args.snippets, args.calls, args.per_run), big_agent(size)]
             cm_worker = create_worker(client, agents, task_queue=CM_QUEUE, repl_key=secrets.token_bytes(32))
             floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[LongFloorWorkflow, BigFloorWorkflow],
-                                  activities=[floor_get, floor_model, floor_big])
+                                  activities=[floor_get, floor_model, floor_big], workflow_runner=workflow_runner())
             async with cm_worker, floor_worker:
                 expected = args.snippets * sum(range(args.calls))
                 cm = await measure(client, lambda: start_run(client, "bench-long", "go", task_queue=CM_QUEUE),

@@ -39,6 +39,7 @@ from bench.run_bench import Kind, fmt_s, machine, make_agent, run_and_exit
 from durable_codemode import PoolSettings, create_worker, start_run
 from durable_codemode._pool import live_sessions, shutdown_pool
 from durable_codemode.testing import child_processes, replay
+from durable_codemode.worker._worker import workflow_runner
 
 CM_QUEUE = "bench-throughput-codemode"
 FLOOR_QUEUE = "bench-throughput-floor"
@@ -235,7 +236,8 @@ async def run(args: argparse.Namespace) -> int:
         slots = cm_worker.config()["max_concurrent_workflow_tasks"]  # create_worker's default for this pool
         settings["max_concurrent_workflow_tasks"] = slots
         floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorWorkflow], activities=FLOOR_ACTIVITIES,
-                              max_cached_workflows=args.cache, max_concurrent_activities=args.activities)
+                              max_cached_workflows=args.cache, max_concurrent_activities=args.activities,
+                              workflow_runner=workflow_runner())  # the runtime's own runner: a fair floor
         async with cm_worker, floor_worker:
             for mode in modes:  # warm-up: a few runs of each side (imports, the pool, pollers)
                 for side in ("codemode", "floor"):
