@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 from temporalio.worker import Replayer
 
 from durable_codemode import DATA_CONVERTER, CodeModeRunWorkflow, CodeModeUserError, PoolSettings, _pool, start_run
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.testing import RunCode, child_processes, last_result, new_task_queue, replay, running_worker
 from durable_codemode.worker._worker import create_worker, workflow_runner
 from tests._agents import Effects, items_agent
 
@@ -123,3 +123,39 @@ async def test_a_run_recorded_while_programs_held_their_process_replays() -> Non
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
                         workflow_runner=workflow_runner())
     await replayer.replay_workflow(WorkflowHistory.from_json("before-parking", text))
+
+
+@pytest.fixture
+async def idle_shutdown_pool() -> AsyncIterator[PoolSettings]:
+    assert _pool.live_sessions() == 0
+    _pool.shutdown_pool()
+    settings = PoolSettings(max_processes=POOL, idle_shutdown_seconds=0.5)
+    _pool.configure_pool(settings)
+    yield settings
+    _pool.shutdown_pool()
+    _pool.configure_pool(PoolSettings())
+
+
+async def test_an_idle_pool_stops_its_processes_and_starts_them_again_for_the_next_run(
+        client: Client, idle_shutdown_pool: PoolSettings) -> None:
+    # A worker whose runs all wait (here: none left) must not keep its `monty` processes, ~27 MB of RSS each.
+    agent = items_agent("idle-pool", RunCode("[await get(i=1), await get(i=2)]"), lambda m: str(last_result(m)))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq, pool=idle_shutdown_pool):
+        first = await start_run(client, "idle-pool", "go", task_queue=tq)
+        await first.result()
+        assert child_processes(), "the run used the pool"
+        deadline = asyncio.get_running_loop().time() + 30
+        while _pool.running_pools() or child_processes():  # stopped once idle, between 0.5 and 1 s later
+            assert asyncio.get_running_loop().time() < deadline, f"still running: {child_processes()}"
+            await asyncio.sleep(0.05)
+        second = await start_run(client, "idle-pool", "go", task_queue=tq)
+        assert (await second.result()).output == (await first.result()).output
+        assert _pool.running_pools() >= 1  # started again, lazily, by the second run's first snippet
+    await replay(first)
+    await replay(second)
+
+
+def test_idle_shutdown_must_be_positive() -> None:
+    with pytest.raises(CodeModeUserError, match="idle_shutdown_seconds must be positive or None"):
+        PoolSettings(idle_shutdown_seconds=0)

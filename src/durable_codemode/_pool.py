@@ -60,7 +60,8 @@ class PoolSettings:
     travels to the server, so a few per core keep the CPUs busy. Measured on 2 CPUs (`bench/throughput.py`, 50
     runs x 100 nested calls, sequential and gathered, a machine at load 7-12), 4, 8 and 16 processes all ran at
     0.75-1.33x the calls/s of bare activities, with no size ahead in both modes; what grows with the size is
-    memory: the pool starts processes only as they are needed and keeps them, ~30 MB of RSS each once used.
+    memory: the pool starts processes only as they are needed and keeps them while it is in use, ~30 MB of RSS
+    each once used; once it has been idle for `idle_shutdown_seconds`, they exit.
     """
 
     max_processes: int = field(default_factory=lambda: default_max_processes())
@@ -73,6 +74,13 @@ class PoolSettings:
     another run, only for a process being started; past the timeout the workflow task fails and Temporal retries
     it (`SandboxUnavailableError`), instead of the worker's workflow thread wedging. Kept well under Temporal's
     2 s deadlock limit."""
+
+    idle_shutdown_seconds: float | None = 60.0
+    """Seconds without any sandbox session checked out after which the pool's processes exit (`None`: never).
+    An idle `monty` process keeps ~27 MB of RSS, so a worker whose runs all wait (on people, timers, models)
+    would otherwise keep its whole pool for nothing; the next checkout starts a process again (a few ms, and
+    the type checker's first check in it). A worker checks every `idle_shutdown_seconds`, so the processes exit
+    between one and two such periods after the last session was returned."""
 
     compute_processes: int = field(default_factory=lambda: default_compute_processes())
     """Sandbox processes for the compute activity (programs past their in-workflow budget), at most: so at most
@@ -89,6 +97,11 @@ class PoolSettings:
             raise CodeModeUserError(
                 f"PoolSettings.checkout_timeout must be in (0, 1.5] seconds, got {self.checkout_timeout}: a "
                 "checkout blocks the workflow thread, which Temporal fails after 2 s"
+            )
+        if self.idle_shutdown_seconds is not None and self.idle_shutdown_seconds <= 0:
+            raise CodeModeUserError(
+                f"PoolSettings.idle_shutdown_seconds must be positive or None (never), got "
+                f"{self.idle_shutdown_seconds}"
             )
 
 
@@ -113,6 +126,8 @@ _pools: dict[str, pydantic_monty.Monty] = {}
 _running: PoolSettings | None = None
 """The settings the running pool was started with."""
 _live = 0
+_uses = 0
+"""Pools handed out and sessions checked out so far: unchanged between two looks means nothing used the pool."""
 _held = 0
 """Sessions held by programs waiting on tool calls (see `try_hold`)."""
 _task_slots = 0
@@ -157,8 +172,9 @@ def check_sandbox_binary() -> str:
 
 
 def _get(kind: str) -> pydantic_monty.Monty:
-    global _running
+    global _running, _uses
     with _lock:
+        _uses += 1
         pool = _pools.get(kind)
         if pool is None:
             settings = _running or _settings
@@ -228,9 +244,36 @@ def live_sessions() -> int:
 
 def note_checkout(delta: int) -> None:
     """Count a session checked out (+1) or returned (-1)."""
-    global _live
+    global _live, _uses
     with _lock:
         _live += delta
+        _uses += 1
+
+
+def pool_uses() -> int:
+    """A count that changes whenever the pool is used (see `close_if_idle`)."""
+    return _uses
+
+
+def running_pools() -> int:
+    """Pools running in this process (each keeps its processes in use, and one warm): for tests and metrics."""
+    return len(_pools)
+
+
+def close_if_idle(uses_then: int) -> bool:
+    """Stop every pool if no session is checked out and nothing used the pool since `pool_uses()` was `uses_then`.
+
+    The worker calls this periodically (`PoolSettings.idle_shutdown_seconds`); the next `get_pool()` starts the
+    pools again, with the settings in force. Returns whether any pool was stopped.
+    """
+    with _lock:
+        if _uses != uses_then or _live or _held or not _pools:
+            return False
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.__exit__(None, None, None)
+    return True
 
 
 def shutdown_pool() -> None:

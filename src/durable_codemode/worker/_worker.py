@@ -7,6 +7,7 @@ people who build their own `Client`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -21,7 +22,14 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
-from .._pool import PoolSettings, check_sandbox_binary, configure_pool, reserve_task_slots
+from .._pool import (
+    PoolSettings,
+    check_sandbox_binary,
+    close_if_idle,
+    configure_pool,
+    pool_uses,
+    reserve_task_slots,
+)
 from .._signing import ApproverKeyring
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
@@ -125,6 +133,19 @@ class CodeModePlugin(SimplePlugin):
                          interceptors=client_interceptors() if tracing else None)
 
 
+async def stop_idle_sandboxes(idle_seconds: float | None) -> None:
+    """While a worker runs: stop the process's sandbox processes once no session was used for `idle_seconds`."""
+    if idle_seconds is None:
+        return
+    uses = pool_uses()
+    while True:
+        await asyncio.sleep(idle_seconds)
+        if await asyncio.to_thread(close_if_idle, uses):  # stopping the processes waits for them to exit
+            logger.info("no sandbox session for %g s: the Monty pool's processes were stopped; the next program "
+                        "starts them again", idle_seconds)
+        uses = pool_uses()
+
+
 def create_worker(
     client: Client,
     agents: Sequence[CodeModeAgent],
@@ -211,10 +232,13 @@ def create_worker(
                 "(SandboxUnavailableError) until one is free. Give the workers fewer "
                 "max_concurrent_workflow_tasks or the pool more PoolSettings.max_processes.",
                 in_process, settings.max_processes)
+        shrink = asyncio.create_task(stop_idle_sandboxes(settings.idle_shutdown_seconds),
+                                     name="durable-codemode idle sandbox shutdown")
         try:
             async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
                 yield
         finally:
+            shrink.cancel()
             reserve_task_slots(-slots)
             close_repls(task_queue)
 
