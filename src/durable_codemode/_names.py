@@ -32,6 +32,7 @@ __all__ = [
     "nested_call_id",
     "tool_activity_id",
     "tool_activity_type",
+    "type_check_rejection_marker",
 ]
 
 WORKFLOW_TYPE = "durable-codemode.run"
@@ -101,6 +102,17 @@ def compute_marker(snippet: int, run_code_call_id: str, stretch: int) -> str:
     of running it, so where a program went past its budget is read from the history, never timed again.
     """
     return f"durable-codemode.compute.{snippet}.{run_code_call_id}.{stretch}"
+
+
+def type_check_rejection_marker(snippet: int, run_code_call_id: str) -> str:
+    """The `workflow.patched` id recording "the type checker rejected this snippet, live".
+
+    A replay of a run that records rejections (`AgentSpec.records_type_check_rejections`) reads it instead of
+    checking the snippet again: a snippet without it passed (or ran unchecked), so it starts unchecked. The check
+    is most of what a replayed snippet costs, and a clean pass, the common case, records nothing (each patch
+    marker is two history events: the marker and Temporal's `TemporalChangeVersion` upsert).
+    """
+    return f"durable-codemode.typecheck.rejected.{snippet}.{run_code_call_id}"
 
 
 def compute_activity_id(run_code_call_id: str, stretch: int) -> str:

@@ -169,6 +169,10 @@ class AgentSpec:
     """Whether a stretch of compute past the in-workflow budget is recorded and goes on in the compute activity
     (every run started now). A run recorded before the field existed reads `False` and replays as it ran: such a
     stretch ended the workflow run by continue-as-new, with a fresh REPL."""
+    records_type_check_rejections: bool = False
+    """Whether a snippet the type checker rejects is recorded (`_names.type_check_rejection_marker`), so a replay
+    starts every other snippet unchecked instead of checking it again (every run started now). A run recorded
+    before the field existed reads `False`: its replays check every snippet, as it ran."""
     payload_store: bool = False
     """Whether the worker that started the run offloads large payloads to a payload store, so a compute activity
     may carry a program's dump over Temporal's 2 MiB payload limit."""

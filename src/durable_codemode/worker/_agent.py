@@ -398,6 +398,7 @@ class CodeModeAgent:
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
             sandbox_guards=True,
             compute_escalation=True,
+            records_type_check_rejections=True,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
         )

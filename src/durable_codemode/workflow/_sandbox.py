@@ -14,13 +14,13 @@ is decided once, live, and recorded in that workflow task (a `workflow.patched` 
 see `_SnippetDriver`): a replay reads it and never times anything. (Runs recorded before this, whose spec has no
 `compute_escalation`, ended the workflow run by continue-as-new in the same task instead, and still do.)
 
-A run holds a sandbox process only while its program computes, within one activation: whenever the program
-waits on Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back
-to the pool, and the next activation loads it into whichever process is free. (A program waiting on plain tool
-calls may keep its process instead, within the pool's hold budget: `_pool.try_hold`.) So the pool bounds the workflow
-tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process across
-the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until one
-was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
+A run holds a sandbox process only while its program computes, within one activation: whenever the program waits on
+Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back to the pool,
+and the next activation loads it into whichever process is free. (A program waiting on plain tool calls may keep
+its process instead, within the pool's hold budget, live and in replays: `_pool.try_hold`.) So the pool bounds the
+workflow tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process
+across the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until
+one was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
 """
 
 from __future__ import annotations
@@ -53,7 +53,14 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from .. import _pool
 from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
 from .._config import is_time_limit, monty_limits
-from .._names import COMPUTE_ACTIVITY, SANDBOX_GUARDS_PATCH, compute_activity_id, compute_marker, nested_call_id
+from .._names import (
+    COMPUTE_ACTIVITY,
+    SANDBOX_GUARDS_PATCH,
+    compute_activity_id,
+    compute_marker,
+    nested_call_id,
+    type_check_rejection_marker,
+)
 from .._results import bounded_result, jsonable, preview
 from .._stubs import TYPE_CHECK_PRELUDE
 from .._types import AgentSpec, CallRecord, ComputeRequest, ComputeResult
@@ -357,6 +364,11 @@ def _too_large(size: int) -> str:
             "workers a payload store (CODEMODE_PAYLOAD_STORE), or keep less data in variables")
 
 
+_RECORDED_REJECTION = ("The code was not run: type error (recorded when this run first checked it).\nFix the code "
+                       "and call run_code again.")
+"""A rejected snippet's content when a replay's check, with less context than live, found nothing to reject."""
+
+
 class _SnippetEnded(Exception):
     """The snippet ends with `outcome` (it came back from the compute activity finished, failed or lost)."""
 
@@ -417,6 +429,8 @@ class _SnippetDriver:
         self._computed_seconds = 0.0
         self._base: _Base | None = None
         self._start_state: bytes | None = None
+        self._rejected_on_replay: bool | None = None
+        """On replay: whether the type checker rejected this snippet live (`None`: check it; see `_feed`)."""
         """The REPL before this snippet: what it goes back to if the program is lost."""
         self.lost_note: str | None = None
         """Why the REPL was restarted at the snippet's start, if it was (for the model)."""
@@ -498,22 +512,55 @@ class _SnippetDriver:
 
     # -- stretches
 
+    def _replayed_rejection(self) -> bool | None:
+        """On replay of a run that records rejections: whether the checker rejected this snippet live.
+
+        `None`: check it (live, or a replay of a run recorded before rejections were).
+        """
+        if not _replaying() or not self._spec.records_type_check_rejections:
+            return None
+        return workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
+
     def _feed(self, session: pydantic_monty.MontySession) -> Any:
+        """Type-check the snippet and start it; live, a rejection is recorded, and a replay reads it.
+
+        Checking is most of what a replayed snippet costs (a session's first check loads the stubs), and the
+        verdict was decided live, so a replay of a run that records rejections starts a snippet without one
+        unchecked, and checks a rejected one again only for the message the model got. An unchecked snippet does
+        not join the checker's context, so once a replay has skipped a check, the REPL's later checks leave
+        unknown names to the runtime (`lenient_names`), as after any snippet that ran unchecked.
+        """
+        rejected = self._rejected_on_replay
+        if rejected is False:
+            self._repl.lenient_names = True
+            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
         try:
-            return session.feed_start(self._code, print_callback=self._streams)
+            snap = session.feed_start(self._code, print_callback=self._streams)
         except MontyTypingError as e:
-            if _real_type_errors(e, lenient_names=self._repl.lenient_names):
+            real = _real_type_errors(e, lenient_names=self._repl.lenient_names)
+            if rejected and not real:  # what made it rejected was context this replay lacks
+                raise _SnippetEnded(SnippetOutcome(kind="rejected", content=_RECORDED_REJECTION,
+                                                   calls=self._calls)) from e
+            if real:
+                if rejected is None and self._spec.records_type_check_rejections and not _replaying():
+                    workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
                 raise
             self._repl.lenient_names = True
             return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
+        if rejected:  # checked again with less context than live: still rejected, as recorded
+            self._repl.adopt(self._start_state if self.lost_note is None else None)  # the program did not run
+            raise _SnippetEnded(SnippetOutcome(kind="rejected", content=_RECORDED_REJECTION, calls=self._calls))
+        return snap
 
     async def _first_stretch(self) -> Any:
         """Stretch 0: check out a session, load the REPL, start the snippet."""
         seed = workflow.random().getrandbits(63)  # drawn first, always: the same draws live and on replay
+        # Asked before the compute marker: live, a rejection is recorded while the stretch runs, before it.
+        self._rejected_on_replay = self._replayed_rejection()
+        self._start_state = self._repl.idle_dump
         if not self._escalating:
             session, self.lost_note = self._repl.open_session(seed)
             return self._feed(session)
-        self._start_state = self._repl.idle_dump
         self._base = _Base("feed", self._start_state, printed="")
         if _replaying() and workflow.patched(self._marker(0)):
             return await self._from_activity(self._request(seed))
@@ -878,11 +925,14 @@ class _SnippetDriver:
     def _may_hold(self, ids: list[int], for_people: bool) -> bool:
         """Whether the program may keep its process while it waits on `ids` (see `_pool.try_hold`).
 
-        Only in live tasks of runs with compute escalation, only for waits on tool calls (not people, not
-        timers: both can be long), and only while the last dump is recent enough to compute from again (a
-        process that dies while held is replaced by the compute activity, from `_base` with the answers since).
+        Only in runs with compute escalation, only for waits on tool calls (not people, not timers: both can be
+        long), and only while the last dump is recent enough to compute from again (a process that dies while
+        held is replaced by the compute activity, from `_base` with the answers since). Replays hold too: their
+        waits last no longer than the next activation from the history, and a dump and a load per wait made a
+        replay twice the floor's time. Holding or not computes the same, so a replay may decide otherwise than
+        the run it replays (and `_base` matters only live: a replay never sends a compute request).
         """
-        return (self._escalating and not for_people and not _replaying() and self._base is not None
+        return (self._escalating and not for_people and self._base is not None
                 and len(self._base.answers) < _MAX_ANSWERS_SINCE_DUMP and all(i in self._started for i in ids))
 
     def _waiting_on_people(self, ids: list[int]) -> bool:
