@@ -58,7 +58,7 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import live_sessions, shutdown_pool
+from durable_codemode._pool import live_sessions, running_pools, shutdown_pool
 from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
 from durable_codemode.worker._worker import workflow_runner
 
@@ -150,6 +150,13 @@ class MemoryResult:
     wrong_outputs: list[str]
     rss_after_mb: float
     monty_pss_mb: float = 0.0
+    monty_alive_idle: int = 0
+    """`monty` processes alive once the pool's idle shutdown (`PoolSettings.idle_shutdown_seconds`) stopped them."""
+    monty_rss_idle_mb: float = 0.0
+    rss_idle_mb: float = 0.0
+    """The worker's RSS then."""
+    idle_shutdown_s: float = 0.0
+    """From all paused until the pool had stopped its processes."""
     failed_tasks_pausing: str = "0"
     """Temporal SDK warnings while the N runs start and pause (failed workflow tasks, by exception type)."""
     failed_tasks_approving: str = "0"
@@ -161,6 +168,11 @@ class MemoryResult:
 
     @property
     def total_mb(self) -> float:
+        """Worker and monty RSS with every run paused, once the idle pool stopped its processes."""
+        return self.rss_idle_mb + self.monty_rss_idle_mb
+
+    @property
+    def total_at_pause_mb(self) -> float:
         return self.rss_paused_mb + self.monty_rss_mb
 
 
@@ -396,6 +408,14 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
         monty_pss = sum(pss_mb(p) for p in monty)
         held = live_sessions()
         dev_server_rss = sum(rss_mb(p) for p in child_processes(b"temporal"))
+        t_idle = time.perf_counter()
+        deadline = t_idle + 3 * (pool.idle_shutdown_seconds or 0) + 30
+        while (running_pools() or child_processes(b"monty")) and time.perf_counter() < deadline:
+            await asyncio.sleep(0.1)  # the paused runs use no sandbox: the pool's idle shutdown stops it
+        idle_s = time.perf_counter() - t_idle
+        monty_idle = child_processes(b"monty")
+        monty_rss_idle, rss_idle = sum(rss_mb(p) for p in monty_idle), rss_mb()
+        log(f"memory: pool idle after {idle_s:.1f} s, {len(monty_idle)} monty processes left")
         warnings.phase = sampler.phase = "approving"
         t1 = time.perf_counter()
         await bounded(50, handles, approve)
@@ -409,7 +429,8 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
         paused=n, worker_settings=settings, rss_before_mb=rss_before, rss_paused_mb=rss_paused, hwm_paused_mb=hwm,
         monty_alive=len(monty), monty_rss_mb=monty_rss, live_sessions=held, dev_server_rss_mb=dev_server_rss,
         start_to_all_paused_s=t_paused, decide_to_all_done_s=t_done, completed=len(outputs) - len(wrong),
-        wrong_outputs=wrong[:5], rss_after_mb=rss_mb(), monty_pss_mb=monty_pss,
+        wrong_outputs=wrong[:5], rss_after_mb=rss_mb(), monty_pss_mb=monty_pss, monty_alive_idle=len(monty_idle),
+        monty_rss_idle_mb=monty_rss_idle, rss_idle_mb=rss_idle, idle_shutdown_s=idle_s,
         failed_tasks_pausing=warnings.summary("pausing"), failed_tasks_approving=warnings.summary("approving"),
         peak_held_pausing=sampler.peak.get("pausing", 0), peak_held_approving=sampler.peak.get("approving", 0),
     )
@@ -457,7 +478,10 @@ def table(rows: Sequence[LatencyRow], mem: MemoryResult, reps: int, sizes: dict[
          f" MB, {per_run_kb:.0f} kB/run)", "—", "—", "—"],
         ["monty processes alive (children)",
          f"{mem.monty_alive} ({mem.monty_rss_mb:.0f} MB RSS, {mem.monty_pss_mb:.0f} MB PSS)", "—", "—", "—"],
-        ["total RSS (worker + monty)", f"{mem.total_mb:.0f} MB", "—", "—",
+        ["total RSS (worker + monty), all just paused", f"{mem.total_at_pause_mb:.0f} MB", "—", "—", "—"],
+        [f"monty processes alive, pool idle {mem.idle_shutdown_s:.0f} s later",
+         f"{mem.monty_alive_idle} ({mem.monty_rss_idle_mb:.0f} MB RSS)", "—", "—", "—"],
+        ["total RSS (worker + monty), pool idle", f"{mem.total_mb:.0f} MB", "—", "—",
          f"< {TARGET_TOTAL_RSS_MB:.0f} MB {verdict(total_ok)}"],
         [f"sandbox sessions held, {n} paused (live_sessions)", f"{mem.live_sessions}", "—", "—",
          f"= 0 {verdict(held_ok)}"],
@@ -518,7 +542,7 @@ async def run(args: argparse.Namespace) -> int:
         quiet_sdk_core()  # the failed workflow tasks are counted below
     machine_text = machine()
     print(machine_text, flush=True)
-    pool = PoolSettings(max_processes=args.pool)
+    pool = PoolSettings(max_processes=args.pool, idle_shutdown_seconds=args.idle_shutdown)
     warnings = WarningCounter()
     logging.getLogger("temporalio").addHandler(warnings)
     sizes = {state: snapshot_bytes(code) for state, code in CODES.items()}
@@ -577,6 +601,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--pool", type=int, default=PoolSettings().max_processes,
                         help="PoolSettings.max_processes of the process's Monty pool (default: PoolSettings's, 4 "
                         "per usable CPU)")
+    parser.add_argument("--idle-shutdown", type=float, default=5.0, metavar="S",
+                        help="PoolSettings.idle_shutdown_seconds (default 5; the library's default is 60)")
     parser.add_argument("--settle", type=float, default=0.2,
                         help="seconds to wait after a run is seen paused before deciding (default 0.2)")
     parser.add_argument("--timeout", type=float, default=600.0,

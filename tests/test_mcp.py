@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -220,3 +221,11 @@ async def test_streamable_http_server(client: Client, http_server: str) -> None:
         result = await handle.result()
     assert json.loads(_snippets(result)[0].result)["result"]["total"] == 63
     await replay(handle)
+
+
+def test_a_worker_without_mcp_toolsets_does_not_load_the_mcp_client() -> None:
+    # The MCP SDK and fastmcp's client are ~40 MB of RSS and ~1 s of start-up: only agents that use them pay.
+    code = ("import sys, durable_codemode, durable_codemode.worker; "
+            "print(sorted(m for m in ('mcp', 'fastmcp', 'pydantic_ai.mcp') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "[]", out

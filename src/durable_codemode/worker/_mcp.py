@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,12 +25,19 @@ from pydantic_ai.toolsets import AbstractToolset
 
 from .._errors import TransientToolError
 
-try:  # the `mcp` extra
-    from mcp.types import CONNECTION_CLOSED
-    from pydantic_ai.mcp import MCPToolset
-except ImportError:  # pragma: no cover - without the extra, no toolset is an MCP one
-    MCPToolset = None  # type: ignore[assignment,misc]
-    CONNECTION_CLOSED = -32000
+CONNECTION_CLOSED = -32000
+"""`mcp.types.CONNECTION_CLOSED`: the JSON-RPC error code of a lost connection."""
+
+
+def _mcp_toolset_class() -> type | None:
+    """pydantic-ai's `MCPToolset`, if anything in this process imported it; never imported here.
+
+    An agent with an MCP toolset imported `pydantic_ai.mcp` to build it. Importing it for every worker (the `mcp`
+    SDK, fastmcp's client) cost ~1 s of start-up and ~40 MB of RSS per process, for workers without MCP too.
+    """
+    module = sys.modules.get("pydantic_ai.mcp")
+    return getattr(module, "MCPToolset", None)
+
 
 __all__ = ["McpServers", "as_received", "connection_lost", "mcp_toolsets", "reconnect_lost"]
 
@@ -43,11 +51,12 @@ _RECONNECT_WAIT_SECONDS = 10.0
 def mcp_toolsets(toolsets: Sequence[AbstractToolset[Any]]) -> list[Any]:
     """The `MCPToolset`s in `toolsets`, also inside wrappers (`prefixed`, `filtered`, combined), each once."""
     found: list[Any] = []
-    if MCPToolset is None:
+    toolset_class = _mcp_toolset_class()
+    if toolset_class is None:
         return found
 
     def visit(toolset: AbstractToolset[Any]) -> None:
-        if isinstance(toolset, MCPToolset) and all(t is not toolset for t in found):
+        if isinstance(toolset, toolset_class) and all(t is not toolset for t in found):
             found.append(toolset)
 
     for toolset in toolsets:
