@@ -19,8 +19,10 @@ from temporalio.common import RetryPolicy
 from ._approvals import ApprovalRecord, RecordedApproverPolicy
 from ._carry import CarriedRepl
 from ._config import SnippetLimits
+from ._files import CarriedFiles, FilesSpec
 
 __all__ = [
+    "FILE_LISTING_LIMIT",
     "AgentSpec",
     "CallRecord",
     "ComputeRequest",
@@ -179,6 +181,9 @@ class AgentSpec:
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""
+    files: FilesSpec | None = None
+    """The run's filesystem (`CodeModeAgent(files=RunFiles(...))`), with its seeded files; `None`: programs have
+    no files (file calls raise `PermissionError`), as in every run recorded before the field."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -217,6 +222,14 @@ class SnippetRecord:
     snippets first, see `bound_turns`); the calls themselves are in the history (`codemode trace`)."""
     computed_seconds: float | None = None
     """Compute the program did in compute activities (past its in-workflow budget); `None`: it needed none."""
+    files: dict[str, int] | None = None
+    """The run's files after the snippet (path under `/files` -> bytes), when it changed them; `None`: unchanged
+    (or the run has no files). At most `FILE_LISTING_LIMIT` entries; `files_omitted` counts the rest."""
+    files_omitted: int = 0
+
+
+FILE_LISTING_LIMIT = 50
+"""Files a snippet record lists at most (`SnippetRecord.files`), so a run with thousands stays small."""
 
 
 @dataclass(kw_only=True)
@@ -250,6 +263,8 @@ class Continuation:
     """Output retries the chain has used (rejected answers), counted against the agent's output retry budget."""
     tool_retries: dict[str, int] = field(default_factory=dict)
     """Retries in a row of each native tool the model called directly, counted against its `max_retries`."""
+    files: CarriedFiles | None = None
+    """The files the run's programs wrote (`RunFiles`); `None`: none, or the run has no files."""
 
 
 OutputT = TypeVar("OutputT")
@@ -409,3 +424,5 @@ class ComputeRequest:
     """The largest dump the activity may return (no payload store: Temporal's 2 MiB payload limit); `None`: any."""
     computed: ComputeResult | None = None
     """`computed`: the outcome to record."""
+    cwd: str | None = None
+    """`feed`: the snippet's working directory (`/files` in runs with files); `None`: Monty's default."""
