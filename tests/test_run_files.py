@@ -197,3 +197,24 @@ def test_file_answers_travel_to_the_compute_activity_unchanged() -> None:
         again = decode_answer(encode_answer(answer))
         assert repr(again) == repr(answer)
     assert files.listing() == {"d/x.txt": 2}
+
+
+COMPUTE_BETWEEN_FILE_CALLS = """
+from pathlib import Path
+with open("a.txt", "w") as f:
+    f.write("before ")
+n = 0
+for i in range(10_000_000):
+    n = (n + i * i) % 1_000_003
+Path("a.txt").write_text(Path("a.txt").read_text() + "after")
+open("a.txt").read()
+"""
+"""File calls, then ~2 s of compute (past the live backstop: it goes on in the compute activity, which feeds the
+snippet again in `/files` and gives it the file answers again, a handle among them), then file calls again."""
+
+
+async def test_file_calls_around_compute_that_goes_on_in_the_compute_activity(client: Client) -> None:
+    result, handle = await run(client, RunCode(COMPUTE_BETWEEN_FILE_CALLS), echo, files=RunFiles())
+    assert eval(result.output)["result"] == "before after", result.output
+    (snippet,) = [s for t in result.turns for s in t.snippets]
+    assert snippet.computed_seconds is not None and snippet.files == {"a.txt": 12}
