@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 from durable_codemode import CodeModeUserError, RunFiles, RunResult, SnippetLimits, start_run
 from durable_codemode._compute_wire import decode_answer, encode_answer
 from durable_codemode._files import FilesSpec
+from durable_codemode._stubs import run_code_tool_definition
 from durable_codemode.debugging import render_trace, trace_run
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
 from durable_codemode.workflow._files import RunFilesystem
@@ -50,7 +51,7 @@ Path("notes/a.txt").write_text("alpha\\n")
 with open("notes/b.txt", "w") as f:
     f.write("beta\\n")
     f.write("gamma\\n")
-with open("/files/notes/a.txt", "a") as f:
+with open("/files/notes/a.txt", mode="a", encoding="utf-8", newline="") as f:
     f.write("more\\n")
 Path("data.bin").write_bytes(b"\\x00\\x01\\xff")
 n = await get(i=3)
@@ -214,7 +215,16 @@ snippet again in `/files` and gives it the file answers again, a handle among th
 
 
 async def test_file_calls_around_compute_that_goes_on_in_the_compute_activity(client: Client) -> None:
-    result, handle = await run(client, RunCode(COMPUTE_BETWEEN_FILE_CALLS), echo, files=RunFiles())
+    result, _ = await run(client, RunCode(COMPUTE_BETWEEN_FILE_CALLS), echo, files=RunFiles())
     assert eval(result.output)["result"] == "before after", result.output
     (snippet,) = [s for t in result.turns for s in t.snippets]
     assert snippet.computed_seconds is not None and snippet.files == {"a.txt": 12}
+
+
+def test_the_model_is_told_about_the_files_only_when_the_run_has_them() -> None:
+    seeded = FilesSpec(max_bytes=1000, seed_root="/files/seed", seed={"/files/seed/a.txt": "YQ=="})
+    with_files = run_code_tool_definition("", SnippetLimits(), files=seeded).description or ""
+    assert "own files under /files" in with_files and "/files/seed holds 1 file given to you, read-only" in with_files
+    assert "Not available: network," in with_files
+    without = run_code_tool_definition("", SnippetLimits()).description or ""
+    assert "/files" not in without and "Not available: files, network," in without

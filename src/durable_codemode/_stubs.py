@@ -31,7 +31,7 @@ name. Type checking only; the model never sees them."""
 
 FILES_PRELUDE = """\
 from typing import Any
-def open(file: Any, mode: str = "r", encoding: str | None = None) -> Any: ...  # determinism: ok (a stub)
+def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any: ...  # determinism: ok (a stub)
 """
 """The `open` builtin for the type checker, in runs with files (`RunFiles`): pydantic-monty 1.4.0 runs it, but
 its checker does not know the name. Only those runs get it, so older runs type-check their snippets as they did."""
@@ -103,7 +103,9 @@ The tools:
 
 
 def _files_line(files: FilesSpec) -> str:
-    seeded = (f" {files.seed_root} holds {len(files.seed)} files given to you, read-only." if files.seed_root else "")
+    n = len(files.seed)
+    seeded = (f" {files.seed_root} holds {n} file{'s' if n != 1 else ''} given to you, read-only."
+              if files.seed_root else "")
     return (f"- Files: this run has its own files under {FILES_ROOT} (the working directory): `pathlib.Path` "
             "(read_text, write_text, read_bytes, write_bytes, exists, iterdir, glob, mkdir, unlink, stat) and "
             f"the `open` builtin in modes r, w, a (and rb, wb, ab). They persist across run_code calls, also after "
