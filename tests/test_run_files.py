@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeUserError, RunFiles, RunResult, SnippetLimits, start_run
 from durable_codemode._compute_wire import decode_answer, encode_answer
@@ -228,3 +228,37 @@ def test_the_model_is_told_about_the_files_only_when_the_run_has_them() -> None:
     assert "Not available: network," in with_files
     without = run_code_tool_definition("", SnippetLimits()).description or ""
     assert "/files" not in without and "Not available: files, network," in without
+
+
+async def test_files_too_big_to_carry_without_a_payload_store_are_dropped_and_the_model_told(client: Client) -> None:
+    big = "from pathlib import Path\nPath('big.txt').write_text('x' * 600_000)\nPath('small.txt').write_text('s')"
+    listing = "from pathlib import Path\n[p.name for p in Path('.').iterdir()]"
+    result, _ = await run(client, RunCode(big), RunCode(listing), notes_and_last, files=RunFiles(max_bytes=1_000_000),
+                          limits=SnippetLimits(max_snippets_per_run=1))
+    out = eval(result.output)
+    assert out["last"] == {"result": []}, out
+    assert any("the files your programs wrote are gone" in n and "600,001 bytes" in n for n in out["notes"]), out
+
+
+def notes_and_last(messages: Any) -> str:
+    notes = [p.content for m in messages[1:] for p in getattr(m, "parts", [])
+             if getattr(p, "part_kind", "") == "user-prompt"]
+    return repr({"last": last_result(messages), "notes": notes})
+
+
+async def test_a_seed_too_big_to_record_without_a_payload_store_fails_the_run_at_once(
+        client: Client, tmp_path: Path) -> None:
+    (tmp_path / "big.bin").write_bytes(b"b" * 600_000)
+    name = f"files{os.urandom(3).hex()}"
+    agent = items_agent(name, RunCode("1"), echo, agent_options={"files": RunFiles(max_bytes=1_000_000,
+                                                                                   seed_from=tmp_path)})
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    messages, error = [], failure.value.cause
+    while error is not None:  # the workflow's failure, the activity's, its ApplicationError
+        messages.append(str(error))
+        error = error.__cause__ if error.__cause__ is not None else getattr(error, "cause", None)
+    assert any("600,000 bytes" in m and "CODEMODE_PAYLOAD_STORE" in m for m in messages), messages

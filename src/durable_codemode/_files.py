@@ -27,9 +27,10 @@ DEFAULT_MAX_BYTES = 1024 * 1024
 """Total size of a run's files by default: 1 MiB, seeded files included."""
 
 CARRY_WITHOUT_STORE_BYTES = 512 * 1024
-"""Bytes of written files a continue-as-new carries without a payload store: base64 makes them a third larger,
-and they share Temporal's 2 MiB payload limit with the conversation. Over it, a worker needs a payload store
-(`CODEMODE_PAYLOAD_STORE`), or the files are not carried (the model is told)."""
+"""Bytes of files (seeded and written) a run may record and carry across continue-as-new without a payload store:
+base64 makes them a third larger, and they share Temporal's 2 MiB payload limit with the conversation. Over it,
+the workers need a payload store (`CODEMODE_PAYLOAD_STORE`): a bigger seed is refused when the run starts, and
+written files past it are not carried (the model is told)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,8 +53,9 @@ class RunFiles:
     """
 
     max_bytes: int = DEFAULT_MAX_BYTES
-    """The most the run's files may hold in all (bytes of content, seeded files included). Over 512 KiB of
-    written files, continue-as-new carries them only if the workers have a payload store."""
+    """The most the run's files may hold in all (bytes of content, seeded files included). Without a payload store
+    on the workers, a run records at most 512 KiB of seeded files, and carries its files across continue-as-new
+    only while they hold at most 512 KiB in all (`CARRY_WITHOUT_STORE_BYTES`)."""
 
     seed_from: Path | None = None
     """A folder on the worker whose files (recursively) the run starts with, read-only, under `seed_at`. Read
@@ -90,6 +92,11 @@ class FilesSpec:
     """The read-only seeded folder's path in the sandbox; `None`: nothing was seeded."""
     seed: dict[str, str] = field(default_factory=dict)
     """The seeded files, by path in the sandbox, content base64 (`encode_contents`)."""
+
+    @property
+    def seeded_bytes(self) -> int:
+        """Bytes of content of the seeded files."""
+        return sum(len(data) for data in decode_contents(self.seed).values())
 
 
 @dataclass(kw_only=True)

@@ -85,10 +85,6 @@ class RunFilesystem:
         seed_dirs = {d for d in self._dirs if self._read_only(d)}
         return CarriedFiles(files=encode_contents(written), dirs=sorted(self._dirs - seed_dirs - {FILES_ROOT}))
 
-    def written_bytes(self) -> int:
-        """Bytes of the files the programs wrote (what a continue-as-new carries)."""
-        return sum(len(d) for p, d in self._files.items() if p not in self._seeded)
-
     # -- answering the program
 
     def answer(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Answer:

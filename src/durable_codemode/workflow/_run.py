@@ -642,11 +642,12 @@ class CodeModeRunWorkflow:
         """
         if self._files is None:
             return None, None
-        size = self._files.written_bytes()
+        size = self._files.size  # seeded files too: they travel in the spec
         if size > CARRY_WITHOUT_STORE_BYTES and not spec.payload_store:
             return None, (
                 f"[durable-codemode] This long run continued in a fresh workflow run, and the files your programs "
-                f"wrote ({size:,} bytes, more than the {CARRY_WITHOUT_STORE_BYTES:,} a run can carry without a "
-                "payload store) are gone; the seeded files are still there. Keep fewer or smaller files (the "
-                "agent's operator can give the workers a payload store: CODEMODE_PAYLOAD_STORE).")
+                f"wrote are gone: the run's files came to {size:,} bytes, more than the "
+                f"{CARRY_WITHOUT_STORE_BYTES:,} a run can carry without a payload store. The seeded files are still "
+                "there. Keep fewer or smaller files (the agent's operator can give the workers a payload store: "
+                "CODEMODE_PAYLOAD_STORE).")
         return self._files.carry(), None
