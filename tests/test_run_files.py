@@ -262,3 +262,10 @@ async def test_a_seed_too_big_to_record_without_a_payload_store_fails_the_run_at
         messages.append(str(error))
         error = error.__cause__ if error.__cause__ is not None else getattr(error, "cause", None)
     assert any("600,000 bytes" in m and "CODEMODE_PAYLOAD_STORE" in m for m in messages), messages
+
+
+def test_a_file_call_of_an_unforeseen_shape_is_an_error_in_the_program_not_in_workflow_code() -> None:
+    files = RunFilesystem(FilesSpec(max_bytes=1000))
+    answer = files.answer("Path.write_bytes", (PurePosixPath("/files/x"), object()), {})
+    assert answer["exc_type"] == "OSError" and "Path.write_bytes" in answer["message"]
+    assert files.answer("Path.read_text", (), {})["exc_type"] == "TypeError"

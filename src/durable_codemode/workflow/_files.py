@@ -93,6 +93,8 @@ class RunFilesystem:
             return self._answer(name, args, kwargs)
         except _Refused as refused:
             return refused.answer
+        except Exception as e:  # an argument of a shape not foreseen: an error in the program, not a wedged task
+            return {"exc_type": "OSError", "message": f"{name}: {type(e).__name__}: {e}"}
 
     def _answer(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Answer:
         if not args:
