@@ -17,7 +17,9 @@ from durable_codemode import CodeModeUserError, RunFiles, RunResult, SnippetLimi
 from durable_codemode._compute_wire import decode_answer, encode_answer
 from durable_codemode._files import FilesSpec
 from durable_codemode._stubs import run_code_tool_definition
+from durable_codemode._types import FILE_LISTING_LIMIT, SnippetRecord, TurnRecord, bound_turns
 from durable_codemode.debugging import render_trace, trace_run
+from durable_codemode.history._trace import files_text
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
 from durable_codemode.workflow._files import RunFilesystem
 
@@ -269,3 +271,14 @@ def test_a_file_call_of_an_unforeseen_shape_is_an_error_in_the_program_not_in_wo
     answer = files.answer("Path.write_bytes", (PurePosixPath("/files/x"), object()), {})
     assert answer["exc_type"] == "OSError" and "Path.write_bytes" in answer["message"]
     assert files.answer("Path.read_text", (), {})["exc_type"] == "TypeError"
+
+
+def test_a_long_runs_summary_drops_the_oldest_file_listings_first() -> None:
+    listing = {f"f{i:03}.txt": i for i in range(FILE_LISTING_LIMIT)}
+    turns = [TurnRecord(index=i, text="", snippets=[SnippetRecord(call_id=f"c{i}", code="x", outcome="ok", result="",
+                                                                  files=dict(listing))]) for i in range(3)]
+    bound_turns(turns, budget=3 * 121 + 2 * sum(len(p) + 12 for p in listing))  # room for two listings
+    assert [s.files_omitted for t in turns for s in t.snippets] == [FILE_LISTING_LIMIT, 0, 0]
+    assert turns[0].snippets[0].files == {} and turns[2].snippets[0].files == listing
+    assert files_text({}, FILE_LISTING_LIMIT).startswith("50 files, not listed")
+    assert files_text({"a.txt": 12, "b.bin": 3 * 1024}, 2) == "a.txt 12 B, b.bin 3.0 KiB, … 2 more"

@@ -357,21 +357,29 @@ def _size(call: CallRecord) -> int:
     return len(call.call_id) + len(call.tool) + len(call.args) + len(call.result) + 160  # keys, timestamps
 
 
+def _files_size(snippet: SnippetRecord) -> int:
+    return sum(len(path) + 12 for path in snippet.files) if snippet.files else 0
+
+
 def bound_turns(turns: list[TurnRecord], budget: int = TURNS_BUDGET_BYTES) -> None:
     """Drop the call records of the oldest snippets (and direct calls) until the records fit `budget` (in place).
 
     Turns, snippets, their code and result previews are kept; only per-call detail goes, counted in
-    `omitted_calls`. It is deterministic, as workflow code must be.
+    `omitted_calls`, and the snippets' file listings, counted in `files_omitted`. It is deterministic, as workflow
+    code must be.
     """
-    total = sum(len(s.code) + len(s.result) + 120 + sum(_size(c) for c in s.calls)
+    total = sum(len(s.code) + len(s.result) + 120 + sum(_size(c) for c in s.calls) + _files_size(s)
                 for t in turns for s in t.snippets) + sum(_size(c) for t in turns for c in t.direct_calls)
     for turn in turns:
         if total <= budget:
             return
         for snippet in turn.snippets:
-            total -= sum(_size(c) for c in snippet.calls)
+            total -= sum(_size(c) for c in snippet.calls) + _files_size(snippet)
             snippet.omitted_calls += len(snippet.calls)
             snippet.calls = []
+            if snippet.files:
+                snippet.files_omitted += len(snippet.files)
+                snippet.files = {}
         total -= sum(_size(c) for c in turn.direct_calls)
         turn.omitted_direct_calls += len(turn.direct_calls)
         turn.direct_calls = []

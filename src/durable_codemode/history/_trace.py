@@ -312,7 +312,7 @@ def _size_text(size: int) -> str:
 def files_text(files: dict[str, int], omitted: int = 0) -> str:
     """A run's files after a snippet as one line: `notes.txt 12 B, seed/prices.csv 2.0 KiB`."""
     if not files:
-        return "(none)"
+        return f"{omitted} files, not listed in the run's summary (kept short)" if omitted else "(none)"
     more = f", … {omitted} more" if omitted else ""
     return ", ".join(f"{path} {_size_text(size)}" for path, size in files.items()) + more
 
