@@ -24,6 +24,7 @@ from ._errors import (
     TransientToolError,
     WorkerUnavailableError,
 )
+from ._files import RunFiles
 from ._pool import PoolSettings
 from ._signing import ApproverKeyring
 from ._storage import LocalPayloadStore, data_converter
@@ -70,6 +71,7 @@ __all__ = [
     "PoolSettings",
     "RecordedApproverPolicy",
     "RejectedDecision",
+    "RunFiles",
     "RunInput",
     "RunNotFoundError",
     "RunResult",

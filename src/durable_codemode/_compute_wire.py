@@ -4,8 +4,9 @@ A program that goes past its in-workflow budget goes on in the compute activity 
 suspensions it passed since that dump must be answered exactly as workflow code answered them (the program then
 repeats itself, deterministically), so the answers are written into the activity's input. They are Monty resume
 values: an awaited call's future, a value (a clock read's `datetime`, `os.urandom`'s bytes, a tool's JSON
-result), an exception, the answers to a `FutureSnapshot` (by Monty call id), or a name lookup's empty resume.
-JSON has no `datetime`, `bytes`, `Ellipsis` or integer keys, so each answer is tagged.
+result, a file call's path, file handle or stat result), an exception, the answers to a `FutureSnapshot` (by
+Monty call id), or a name lookup's empty resume.
+JSON has no `datetime`, `bytes`, `Ellipsis`, paths or integer keys, so each answer is tagged.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import base64
 import zlib
 from datetime import date, datetime
+from pathlib import PurePosixPath
 from typing import Any
+
+from pydantic_monty import MontyFileHandle, StatResult
 
 __all__ = ["NAME_LOOKUP", "decode_answer", "decode_dump", "encode_answer", "encode_dump", "encoded_size"]
 
@@ -30,6 +34,12 @@ def _encode_value(value: Any) -> Any:
         return {_TAG: "date", "iso": value.isoformat()}
     if isinstance(value, bytes):
         return {_TAG: "bytes", "b64": base64.b64encode(value).decode()}
+    if isinstance(value, PurePosixPath):
+        return {_TAG: "path", "path": str(value)}
+    if isinstance(value, MontyFileHandle):
+        return {_TAG: "file_handle", "path": value.path, "mode": value.mode, "position": value.position}
+    if isinstance(value, StatResult):
+        return {_TAG: "stat", "fields": list(value)}
     if isinstance(value, tuple):
         return {_TAG: "tuple", "items": [_encode_value(v) for v in value]}
     if isinstance(value, dict):
@@ -55,6 +65,12 @@ def _decode_value(value: Any) -> Any:
         return date.fromisoformat(value["iso"])
     if kind == "bytes":
         return base64.b64decode(value["b64"])
+    if kind == "path":
+        return PurePosixPath(value["path"])
+    if kind == "file_handle":
+        return MontyFileHandle(value["path"], value["mode"], position=value["position"])
+    if kind == "stat":
+        return StatResult(*value["fields"])
     if kind == "tuple":
         return tuple(_decode_value(v) for v in value["items"])
     if kind == "dict":

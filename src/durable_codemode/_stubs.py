@@ -13,9 +13,10 @@ from pydantic_ai.function_signature import FunctionSignature
 from pydantic_ai.tools import ToolDefinition
 
 from ._config import SnippetLimits
+from ._files import FILES_ROOT, FilesSpec
 from ._names import RUN_CODE_TOOL
 
-__all__ = ["TYPE_CHECK_PRELUDE", "render_stubs", "run_code_tool_definition"]
+__all__ = ["FILES_PRELUDE", "TYPE_CHECK_PRELUDE", "render_stubs", "run_code_tool_definition"]
 
 TYPE_CHECK_PRELUDE = """\
 class PermissionError(OSError): ...
@@ -27,6 +28,13 @@ class UnicodeDecodeError(ValueError): ...
 """Builtin exceptions the sandbox raises at run time but its type checker (pydantic-monty 1.4.0) does not know:
 without these, `except PermissionError:` (how a program catches a denied call) is rejected as an unresolved
 name. Type checking only; the model never sees them."""
+
+FILES_PRELUDE = """\
+from typing import Any
+def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any: ...  # determinism: ok (a stub)
+"""
+"""The `open` builtin for the type checker, in runs with files (`RunFiles`): pydantic-monty 1.4.0 runs it, but
+its checker does not know the name. Only those runs get it, so older runs type-check their snippets as they did."""
 
 _STUB_HEADER = "from typing import Any, Literal, NotRequired, TypedDict\n"
 
@@ -57,8 +65,10 @@ def render_stubs(tools: Sequence[ToolDefinition]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def run_code_tool_definition(stubs: str, limits: SnippetLimits) -> ToolDefinition:
-    """The `run_code` tool: its description teaches the sandbox and lists the tools as stubs."""
+def run_code_tool_definition(stubs: str, limits: SnippetLimits, *, files: FilesSpec | None = None) -> ToolDefinition:
+    """The `run_code` tool: its description teaches the sandbox and lists the tools as stubs (and the files)."""
+    files_line = "" if files is None else _files_line(files)
+    unavailable = "network" if files is not None else "files, network"
     description = f"""\
 Run a short Python program in a sandbox and get back its result. Use it to call the tools below: loop over \
 pages, filter, compute, and call many tools at once with `asyncio.gather`, so that only the small final \
@@ -76,10 +86,10 @@ try/except.
 {limits.max_memory_bytes // (1024 * 1024)} MiB of memory.
 - It is a subset of Python: functions, `async def`, comprehensions, f-strings, try/except, match, \
 dataclasses, classes without inheritance. Modules: asyncio, json, re, math, datetime, collections, itertools, \
-functools, decimal, hashlib, base64, csv, random, time. Not available: files, network, other imports, class \
+functools, decimal, hashlib, base64, csv, random, time. Not available: {unavailable}, other imports, class \
 inheritance (so no custom exceptions), generators, `del`, `@property`, `async with`/`async for`, \
 `asyncio.create_task`, `gather(return_exceptions=...)`.
-- The code is type-checked against the stubs first; a type or syntax error comes back to you to fix.
+{files_line}- The code is type-checked against the stubs first; a type or syntax error comes back to you to fix.
 
 The tools:
 ```python
@@ -90,3 +100,13 @@ The tools:
         description=description,
         parameters_json_schema=_RUN_CODE_SCHEMA,
     )
+
+
+def _files_line(files: FilesSpec) -> str:
+    n = len(files.seed)
+    seeded = (f" {files.seed_root} holds {n} file{'s' if n != 1 else ''} given to you, read-only."
+              if files.seed_root else "")
+    return (f"- Files: this run has its own files under {FILES_ROOT} (the working directory): `pathlib.Path` "
+            "(read_text, write_text, read_bytes, write_bytes, exists, iterdir, glob, mkdir, unlink, stat) and "
+            f"the `open` builtin in modes r, w, a (and rb, wb, ab). They persist across run_code calls, also after "
+            f"restart; at most {files.max_bytes:,} bytes in all.{seeded}\n")

@@ -19,8 +19,10 @@ from temporalio.common import RetryPolicy
 from ._approvals import ApprovalRecord, RecordedApproverPolicy
 from ._carry import CarriedRepl
 from ._config import SnippetLimits
+from ._files import CarriedFiles, FilesSpec
 
 __all__ = [
+    "FILE_LISTING_LIMIT",
     "AgentSpec",
     "CallRecord",
     "ComputeRequest",
@@ -183,6 +185,9 @@ class AgentSpec:
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""
+    files: FilesSpec | None = None
+    """The run's filesystem (`CodeModeAgent(files=RunFiles(...))`), with its seeded files; `None`: programs have
+    no files (file calls raise `PermissionError`), as in every run recorded before the field."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -221,6 +226,14 @@ class SnippetRecord:
     snippets first, see `bound_turns`); the calls themselves are in the history (`codemode trace`)."""
     computed_seconds: float | None = None
     """Compute the program did in compute activities (past its in-workflow budget); `None`: it needed none."""
+    files: dict[str, int] | None = None
+    """The run's files after the snippet (path under `/files` -> bytes), when it changed them; `None`: unchanged
+    (or the run has no files). At most `FILE_LISTING_LIMIT` entries; `files_omitted` counts the rest."""
+    files_omitted: int = 0
+
+
+FILE_LISTING_LIMIT = 50
+"""Files a snippet record lists at most (`SnippetRecord.files`), so a run with thousands stays small."""
 
 
 @dataclass(kw_only=True)
@@ -254,6 +267,8 @@ class Continuation:
     """Output retries the chain has used (rejected answers), counted against the agent's output retry budget."""
     tool_retries: dict[str, int] = field(default_factory=dict)
     """Retries in a row of each native tool the model called directly, counted against its `max_retries`."""
+    files: CarriedFiles | None = None
+    """The files the run's programs wrote (`RunFiles`); `None`: none, or the run has no files."""
 
 
 OutputT = TypeVar("OutputT")
@@ -346,21 +361,29 @@ def _size(call: CallRecord) -> int:
     return len(call.call_id) + len(call.tool) + len(call.args) + len(call.result) + 160  # keys, timestamps
 
 
+def _files_size(snippet: SnippetRecord) -> int:
+    return sum(len(path) + 12 for path in snippet.files) if snippet.files else 0
+
+
 def bound_turns(turns: list[TurnRecord], budget: int = TURNS_BUDGET_BYTES) -> None:
     """Drop the call records of the oldest snippets (and direct calls) until the records fit `budget` (in place).
 
     Turns, snippets, their code and result previews are kept; only per-call detail goes, counted in
-    `omitted_calls`. It is deterministic, as workflow code must be.
+    `omitted_calls`, and the snippets' file listings, counted in `files_omitted`. It is deterministic, as workflow
+    code must be.
     """
-    total = sum(len(s.code) + len(s.result) + 120 + sum(_size(c) for c in s.calls)
+    total = sum(len(s.code) + len(s.result) + 120 + sum(_size(c) for c in s.calls) + _files_size(s)
                 for t in turns for s in t.snippets) + sum(_size(c) for t in turns for c in t.direct_calls)
     for turn in turns:
         if total <= budget:
             return
         for snippet in turn.snippets:
-            total -= sum(_size(c) for c in snippet.calls)
+            total -= sum(_size(c) for c in snippet.calls) + _files_size(snippet)
             snippet.omitted_calls += len(snippet.calls)
             snippet.calls = []
+            if snippet.files:
+                snippet.files_omitted += len(snippet.files)
+                snippet.files = {}
         total -= sum(_size(c) for c in turn.direct_calls)
         turn.omitted_direct_calls += len(turn.direct_calls)
         turn.direct_calls = []
@@ -413,3 +436,5 @@ class ComputeRequest:
     """The largest dump the activity may return (no payload store: Temporal's 2 MiB payload limit); `None`: any."""
     computed: ComputeResult | None = None
     """`computed`: the outcome to record."""
+    cwd: str | None = None
+    """`feed`: the snippet's working directory (`/files` in runs with files); `None`: Monty's default."""

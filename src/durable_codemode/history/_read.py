@@ -441,6 +441,7 @@ class _Assembler:
             if capture else None
         if record is not None:
             snippet.outcome, snippet.result = record.outcome, record.result
+            snippet.files, snippet.files_omitted = record.files, record.files_omitted
             # Denied and cancelled calls that never reached Temporal are only in the run's own summary.
             known = {c.call_id: c for c in snippet.calls}
             for summarized in record.calls:

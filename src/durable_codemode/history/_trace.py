@@ -131,6 +131,10 @@ class TraceSnippet:
     recorded_stretches: int = 0
     """Stretches of compute that went past the in-workflow budget: each recorded in the history (so no replay
     re-runs it), computed in an activity or finished in workflow code."""
+    files: dict[str, int] | None = None
+    """The run's files after the snippet (path under `/files` -> bytes), when it changed them (`RunFiles`)."""
+    files_omitted: int = 0
+    """Files left out of `files` (a run summary lists at most `FILE_LISTING_LIMIT`)."""
 
 
 @dataclass(kw_only=True)
@@ -261,7 +265,7 @@ def trace_turns_of(records: list[TurnRecord], *, run: int) -> list[TraceTurn]:
             index=record.index, run=run, status="ok", text=record.text,
             snippets=[TraceSnippet(call_id=s.call_id, code=s.code, outcome=s.outcome, result=s.result,
                                    calls=sorted((trace_call_of(c) for c in s.calls), key=call_order),
-                                   computed_s=s.computed_seconds)
+                                   computed_s=s.computed_seconds, files=s.files, files_omitted=s.files_omitted)
                       for s in record.snippets],
             direct_calls=[trace_call_of(c) for c in record.direct_calls],
         )
@@ -299,6 +303,18 @@ def _approval_text(approval: TraceApproval) -> str:
     who = approval.approver or ("the approval timeout" if approval.via == "timeout" else "someone")
     note = f": {approval.note}" if approval.note else ""
     return f"{approval.state} by {who} ({approval.via or '?'}){note}"
+
+
+def _size_text(size: int) -> str:
+    return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / 2**20:.1f} MiB"
+
+
+def files_text(files: dict[str, int], omitted: int = 0) -> str:
+    """A run's files after a snippet as one line: `notes.txt 12 B, seed/prices.csv 2.0 KiB`."""
+    if not files:
+        return f"{omitted} files, not listed in the run's summary (kept short)" if omitted else "(none)"
+    more = f", … {omitted} more" if omitted else ""
+    return ", ".join(f"{path} {_size_text(size)}" for path, size in files.items()) + more
 
 
 def call_line(call: TraceCall, room: int) -> str:
@@ -374,6 +390,8 @@ class _Drawing:
             self.add(f"{gutter}…")
         if snippet.result:
             self.add(f"{gutter}= {_one_line(snippet.result)}")
+        if snippet.files is not None:
+            self.add(f"{gutter}files: {files_text(snippet.files, snippet.files_omitted)}")
         self.calls(snippet.calls, inner)
 
     def turn(self, turn: TraceTurn, final: bool) -> None:

@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from .._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
+from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
@@ -123,6 +124,13 @@ class CodeModeActivities:
             # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
         spec.payload_store = self._payload_store
+        seeded = spec.files.seeded_bytes if spec.files is not None else 0
+        if seeded > CARRY_WITHOUT_STORE_BYTES and not self._payload_store:
+            raise ApplicationError(
+                f"agent {name!r}: its RunFiles seed folder holds {seeded:,} bytes of files, more than the "
+                f"{CARRY_WITHOUT_STORE_BYTES:,} a run can record without a payload store (Temporal refuses payloads "
+                "over 2 MiB): give the workers a payload store (CODEMODE_PAYLOAD_STORE), or seed fewer files",
+                type="CodeModeUserError", non_retryable=True)
         return spec
 
     @activity.defn(name=COMPUTE_ACTIVITY)

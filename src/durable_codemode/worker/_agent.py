@@ -30,6 +30,7 @@ from pydantic_graph import End
 from .._approvals import RecordedApproverPolicy
 from .._config import SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
+from .._files import RunFiles
 from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
@@ -37,6 +38,7 @@ from .._stubs import render_stubs, run_code_tool_definition
 from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
+from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
@@ -147,6 +149,7 @@ class CodeModeAgent:
         limits: SnippetLimits | None = None,
         env_allowlist: Sequence[str] = (),
         deps: Any = None,
+        files: RunFiles | None = None,
     ) -> None:
         """Wrap `agent`.
 
@@ -166,6 +169,8 @@ class CodeModeAgent:
                 the worker when a run starts and recorded. Every other variable reads as unset.
             deps: The default deps (`ctx.deps` of tools, instructions and `prepare` functions) for runs started
                 without `start_run(deps=...)`.
+            files: A filesystem per run for the programs (`pathlib`, `open()` under `/files`), optionally seeded
+                read-only from a folder on the worker; `None` (the default): programs have no files.
 
         Raises:
             CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
@@ -192,6 +197,7 @@ class CodeModeAgent:
         self.limits = limits or SnippetLimits()
         self.env_allowlist = tuple(env_allowlist)
         self.deps = deps
+        self.files = files
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
@@ -383,7 +389,9 @@ class CodeModeAgent:
                                                             requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries))
         stubs = render_stubs(sandbox_defs)
-        model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
+        files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
+        model_tools = ([run_code_tool_definition(stubs, self.limits, files=files)] if self.code_mode else []
+                       ) + native_defs
         own = self.agent.model
         return AgentSpec(
             agent=self.name,
@@ -401,6 +409,7 @@ class CodeModeAgent:
             records_type_check_rejections=True,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
+            files=files,
         )
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,

@@ -93,7 +93,8 @@ class _Stretch:
                     if state is not None:
                         session.load_session(state)
                     # The snippet passed its type check in workflow code before its first stretch ran.
-                    snap: Any = session.feed_start(request.code, print_callback=streams, skip_type_check=True)
+                    snap: Any = session.feed_start(request.code, print_callback=streams, skip_type_check=True,
+                                                   cwd=request.cwd)
                 else:
                     if state is None:
                         return result("crashed", error="a snapshot start needs the program's dump")

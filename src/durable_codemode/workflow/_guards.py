@@ -82,10 +82,11 @@ def stopped_message(answers: int) -> str:
     """What the model is told when a program is stopped for `MAX_ANSWERS_WITHOUT_WAIT` round trips."""
     return (
         f"The program was stopped: it made {answers:,} host calls in a row (refused or failed calls, clock or "
-        "environment reads) without waiting once for a tool or a sleep, which looks like a loop that catches an "
-        "exception and tries again, or a busy-wait on the clock (time does not move while a program computes). "
-        "The REPL was restarted: variables from earlier run_code calls are gone. Handle the error instead of "
-        "retrying at once, or use asyncio.sleep to wait."
+        "environment reads, file calls) without waiting once for a tool or a sleep, which looks like a loop that "
+        "catches an exception and tries again, or a busy-wait on the clock (time does not move while a program "
+        "computes). The REPL was restarted: variables from earlier run_code calls are gone. Handle the error "
+        "instead of retrying at once, or use asyncio.sleep to wait; for files, use fewer, larger ones, or split "
+        "the work across run_code calls."
     )
 
 

@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         RejectedDecision,
     )
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
+    from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
@@ -80,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         bound_turns,
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
+    from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
 
@@ -132,6 +134,7 @@ class CodeModeRunWorkflow:
         self._tool_retries: dict[str, int] = {}
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
+        self._files: RunFilesystem | None = None
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -259,7 +262,10 @@ class CodeModeRunWorkflow:
                 "nothing to answer: give a prompt, or a message history that ends with a request",
                 type="InvalidRunInput", non_retryable=True,
             )
-        repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending)
+        if spec.files is not None:
+            self._files = RunFilesystem(spec.files, cont.files)
+        repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending,
+                    files=self._files)
         if cont.repl is not None:
             refused = await self._restore_repl(cont.repl, repl)
             if refused is not None:
@@ -448,7 +454,8 @@ class CodeModeRunWorkflow:
                                                call_id=call.tool_call_id, code=code)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
                                            result=outcome.summary, calls=outcome.calls,
-                                           computed_seconds=outcome.computed_seconds))
+                                           computed_seconds=outcome.computed_seconds, files=outcome.files,
+                                           files_omitted=outcome.files_omitted))
         if outcome.kind == "rejected":
             return self._retry(call, outcome.content, "validation_error"), outcome
         return self._return(call, outcome.content), outcome
@@ -609,6 +616,9 @@ class CodeModeRunWorkflow:
         repl: CarriedRepl | None = None,
     ) -> NoReturn:
         bound_turns(cont.turns)
+        files, refused = self._carried_files(cont.spec)
+        if refused is not None:
+            messages = self._with_note(messages, refused)
         workflow.continue_as_new(RunInput(
             agent=input.agent,
             message_history=messages,
@@ -621,5 +631,23 @@ class CodeModeRunWorkflow:
             instructions=input.instructions,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
-                                      output_retries=self._output_retries, tool_retries=self._tool_retries),
+                                      output_retries=self._output_retries, tool_retries=self._tool_retries,
+                                      files=files),
         ))
+
+    def _carried_files(self, spec: AgentSpec) -> tuple[CarriedFiles | None, str | None]:
+        """The run's written files for the next run, and the model's note if they cannot be carried.
+
+        Without a payload store they must fit the continue-as-new input (Temporal refuses payloads over 2 MiB).
+        """
+        if self._files is None:
+            return None, None
+        size = self._files.size  # seeded files too: they travel in the spec
+        if size > CARRY_WITHOUT_STORE_BYTES and not spec.payload_store:
+            return None, (
+                f"[durable-codemode] This long run continued in a fresh workflow run, and the files your programs "
+                f"wrote are gone: the run's files came to {size:,} bytes, more than the "
+                f"{CARRY_WITHOUT_STORE_BYTES:,} a run can carry without a payload store. The seeded files are still "
+                "there. Keep fewer or smaller files (the agent's operator can give the workers a payload store: "
+                "CODEMODE_PAYLOAD_STORE).")
+        return self._files.carry(), None

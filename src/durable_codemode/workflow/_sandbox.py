@@ -7,7 +7,8 @@ This module runs inside workflow code, so it must be deterministic given the his
   order (Monty hands `pending_call_ids` back in random order, and the order of the answers decides which
   sandbox task wakes first and so every later call id);
 - clock reads answer `workflow.now()`, sleeps are durable timers, `random` is seeded from `workflow.random()`,
-  environment reads see only the recorded allow-list, files are refused.
+  environment reads see only the recorded allow-list, file calls are answered from the run's own files
+  (`_files.RunFilesystem`, plain data in workflow state) or refused when the run has none.
 
 The non-deterministic outcomes are how long a stretch of compute takes (wall time) and a crashed sandbox. Each
 is decided once, live, and recorded in that workflow task (a `workflow.patched` marker and the compute activity,
@@ -53,6 +54,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from .. import _pool
 from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
 from .._config import is_time_limit, monty_limits
+from .._files import FILES_ROOT
 from .._names import (
     COMPUTE_ACTIVITY,
     SANDBOX_GUARDS_PATCH,
@@ -62,8 +64,9 @@ from .._names import (
     type_check_rejection_marker,
 )
 from .._results import bounded_result, jsonable, preview
-from .._stubs import TYPE_CHECK_PRELUDE
-from .._types import AgentSpec, CallRecord, ComputeRequest, ComputeResult
+from .._stubs import FILES_PRELUDE, TYPE_CHECK_PRELUDE
+from .._types import FILE_LISTING_LIMIT, AgentSpec, CallRecord, ComputeRequest, ComputeResult
+from ._files import FILE_FUNCTIONS, RunFilesystem
 from ._guards import (
     MAX_ANSWERS_WITHOUT_WAIT,
     MAX_CALLS_IN_FLIGHT,
@@ -123,6 +126,9 @@ class SnippetOutcome:
     """The program was stopped mid-way (deterministically, unlike a compute limit): its REPL is discarded."""
     computed_seconds: float | None = None
     """Compute the program did in compute activities, past its in-workflow budget (`None`: none)."""
+    files: dict[str, int] | None = None
+    """The run's files after the snippet (path -> bytes, at most `FILE_LISTING_LIMIT`), if it changed them."""
+    files_omitted: int = 0
 
     @property
     def ends_run(self) -> bool:
@@ -183,8 +189,11 @@ class Repl:
     """The Monty session of one workflow run; variables persist across its snippets."""
 
     def __init__(self, spec: AgentSpec, start_tool: StartTool,
-                 awaiting_person: AwaitingPerson = lambda call_id: False) -> None:
+                 awaiting_person: AwaitingPerson = lambda call_id: False,
+                 files: RunFilesystem | None = None) -> None:
         self._spec = spec
+        self.files = files
+        """The run's files (`RunFiles`), which outlive the REPL (a restart keeps them); `None`: the run has none."""
         self._start_tool = start_tool
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
@@ -216,7 +225,7 @@ class Repl:
                 "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
             },
             type_check=True,
-            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs,
+            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs + (FILES_PRELUDE if self.files is not None else ""),
             type_check_format="concise",
         )
         try:
@@ -283,8 +292,13 @@ class Repl:
             self._idle_state = None
             self.lenient_names = False
         self._snippets += 1
+        files_before = self.files.version if self.files is not None else 0
         driver = _SnippetDriver(self, self._tools, code, run_code_id, snippet=self._snippets)
         outcome = await driver.drive()
+        if self.files is not None and self.files.version != files_before:
+            listing = self.files.listing()
+            outcome.files = dict(list(listing.items())[:FILE_LISTING_LIMIT])
+            outcome.files_omitted = max(len(listing) - FILE_LISTING_LIMIT, 0)
         if driver.lost_note is not None and isinstance(outcome.content, dict):
             outcome.content["note"] = driver.lost_note
         if outcome.ends_run:
@@ -521,6 +535,11 @@ class _SnippetDriver:
             return None
         return workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
 
+    @property
+    def _cwd(self) -> str | None:
+        """Each snippet's working directory: the run's files, if it has any (relative paths start there)."""
+        return FILES_ROOT if self._repl.files is not None else None
+
     def _feed(self, session: pydantic_monty.MontySession) -> Any:
         """Type-check the snippet and start it; live, a rejection is recorded, and a replay reads it.
 
@@ -533,9 +552,9 @@ class _SnippetDriver:
         rejected = self._rejected_on_replay
         if rejected is False:
             self._repl.lenient_names = True
-            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
+            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True, cwd=self._cwd)
         try:
-            snap = session.feed_start(self._code, print_callback=self._streams)
+            snap = session.feed_start(self._code, print_callback=self._streams, cwd=self._cwd)
         except MontyTypingError as e:
             real = _real_type_errors(e, lenient_names=self._repl.lenient_names)
             if rejected and not real:  # what made it rejected was context this replay lacks
@@ -546,7 +565,7 @@ class _SnippetDriver:
                     workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
                 raise
             self._repl.lenient_names = True
-            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True)
+            return session.feed_start(self._code, print_callback=self._streams, skip_type_check=True, cwd=self._cwd)
         if rejected:  # checked again with less context than live: still rejected, as recorded
             self._repl.adopt(self._start_state if self.lost_note is None else None)  # the program did not run
             raise _SnippetEnded(SnippetOutcome(kind="rejected", content=_RECORDED_REJECTION, calls=self._calls))
@@ -664,7 +683,7 @@ class _SnippetDriver:
             agent=self._spec.agent, run_code_id=self._run_code_id, start=base.start, state=encode_dump(base.state),
             code=self._code if base.start == "feed" else "", answers=[encode_answer(a) for a in base.answers],
             limits=self._spec.limits, seed=seed,
-            max_dump_bytes=None if self._spec.payload_store else _DUMP_LIMIT_WITHOUT_STORE)
+            max_dump_bytes=None if self._spec.payload_store else _DUMP_LIMIT_WITHOUT_STORE, cwd=self._cwd)
 
     def _marker(self, stretch: int) -> str:
         return compute_marker(self._snippet, self._run_code_id, stretch)
@@ -884,6 +903,10 @@ class _SnippetDriver:
             modules = args[0] if args and isinstance(args[0], list) else list(args)
             return snap, {"exc_type": "ModuleNotFoundError", "message": f"No module named "
                                 f"{', '.join(repr(m) for m in modules) or '?'}: {_IMPORTS_MESSAGE}"}
+        if name in FILE_FUNCTIONS:
+            files = self._repl.files
+            if files is not None:  # a pure function of the run's files: the same answers on replay
+                return snap, cast(Any, files.answer(name, args, dict(snap.kwargs or {})))
         return snap, {"exc_type": "PermissionError", "message": f"{name}: {_FILE_FUNCTIONS_MESSAGE}"}
 
     @staticmethod
