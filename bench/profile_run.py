@@ -188,14 +188,16 @@ async def run(args: argparse.Namespace) -> int:
 
 def render(samples: dict[str, dict[str, dict[str, int]]], *, runs: int, calls: int, title: str) -> str:
     """The one table: µs per nested call by part (rows), for each phase and thread kind (columns)."""
-    columns = [("cm run", "workflow"), ("floor run", "workflow"), ("cm run", "loop"), ("floor run", "loop"),
-               ("cm replay", "workflow"), ("floor replay", "workflow"), ("cm replay", "loop"),
-               ("floor replay", "loop")]
+    headers = {("cm run", "workflow"): "cm run workflow", ("floor run", "workflow"): "floor run workflow",
+               ("cm run", "loop"): "cm run loop", ("floor run", "loop"): "floor run loop",
+               ("cm replay", "workflow"): "cm replay workflow", ("floor replay", "workflow"): "floor replay workflow",
+               ("cm replay", "loop"): "cm replay loop", ("floor replay", "loop"): "floor replay loop"}
+    columns = list(headers)
 
     def us(count: float) -> str:
         return f"{count / RATE / (runs * calls) * 1e6:.0f}"
 
-    header = ["µs per nested call", *(f"{phase} {kind}" for phase, kind in columns)]
+    header = ["µs per nested call", *headers.values()]
     lines = [[row, *(us(samples[p][k].get(row, 0)) if k in samples[p] else "0" for p, k in columns)]
              for row in ROWS]
     lines.append(["total (idle left out)", *(us(sum(v for part, v in samples[p].get(k, {}).items() if part != IDLE))
