@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from fastmcp.client.transports import StdioTransport
 from pydantic_ai import Agent
-from pydantic_ai.mcp import MCPToolset
+from pydantic_ai.mcp import MCPToolset, load_mcp_toolsets
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 
@@ -229,3 +229,25 @@ def test_a_worker_without_mcp_toolsets_does_not_load_the_mcp_client() -> None:
             "print(sorted(m for m in ('mcp', 'fastmcp', 'pydantic_ai.mcp') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]", out
+
+
+async def test_servers_from_an_mcp_config_file(client: Client, http_server: str, tmp_path: Path) -> None:
+    # pydantic-ai's `load_mcp_toolsets`: the `mcpServers` shape of Claude Desktop and Cursor, a stdio server and an
+    # HTTP one, each prefixed with its name, both in one program.
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {
+        "local": {"command": sys.executable, "args": [SERVER], "env": _QUIET},
+        "remote": {"url": http_server},
+    }}))
+    program = ("import asyncio\n"
+               "a, b = await asyncio.gather(local_stock(sku='a'), remote_stock(sku='b'))\n"
+               "a + b")
+    agent = CodeModeAgent(Agent(scripted_model(RunCode(program), _answer), name="mcp-config",
+                                toolsets=load_mcp_toolsets(config)))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-config", "go", task_queue=tq)
+        result = await handle.result()
+    assert json.loads(result.output)["result"] == 7 + 14
+    assert sorted(c.tool for c in result.nested_calls) == ["local_stock", "remote_stock"]
+    await replay(handle)
