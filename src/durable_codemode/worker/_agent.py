@@ -28,13 +28,14 @@ from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
 
 from .._approvals import RecordedApproverPolicy
-from .._config import SnippetLimits, ToolOptions
+from .._catalog import CATALOG_FUNCTIONS
+from .._config import CatalogSettings, SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
 from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
-from .._stubs import render_stubs, run_code_tool_definition
-from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
+from .._stubs import estimate_tokens, index_section, render_tool_stubs, run_code_tool_definition, tool_summary
+from .._types import AgentSpec, CatalogEntry, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
 from ._mcp import as_received, mcp_toolsets, reconnect_lost
@@ -108,6 +109,15 @@ def _qualified_name(kind: Any) -> str | None:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _catalog_of(tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]) -> ToolCatalog:
+    """The recorded catalog of `tools`, from their own stubs (`render_tool_stubs`), each type definition once."""
+    types: dict[str, int] = {}
+    entries = [CatalogEntry(name=tool.name, summary=tool_summary(tool), function=function,
+                            types=[types.setdefault(t, len(types)) for t in definitions])
+               for tool, (definitions, function) in zip(tools, own_stubs, strict=True)]
+    return ToolCatalog(entries=entries, types=list(types))
+
+
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
 
@@ -147,6 +157,7 @@ class CodeModeAgent:
         limits: SnippetLimits | None = None,
         env_allowlist: Sequence[str] = (),
         deps: Any = None,
+        catalog: CatalogSettings | None = None,
     ) -> None:
         """Wrap `agent`.
 
@@ -166,11 +177,16 @@ class CodeModeAgent:
                 the worker when a run starts and recorded. Every other variable reads as unset.
             deps: The default deps (`ctx.deps` of tools, instructions and `prepare` functions) for runs started
                 without `start_run(deps=...)`.
+            catalog: When the sandbox tools are too many for the `run_code` description to carry every stub (by
+                default past 40 tools or ~4,000 tokens of stubs): it then lists one line per tool, and programs
+                call `search_tools(query)` and `describe_tool(name)` (see `CatalogSettings`). Decided when a run
+                starts, and recorded.
 
         Raises:
             CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
                 (tool and output hooks are applied); `max_concurrency` or `metadata`; `DeferredToolRequests` output;
-                or options for a tool name that does not exist (checked when the worker starts).
+                or options for a tool name that does not exist, or a tool named `run_code`, `search_tools` or
+                `describe_tool` (checked when the worker starts).
 
         """
         resolved = name or agent.name
@@ -192,6 +208,7 @@ class CodeModeAgent:
         self.limits = limits or SnippetLimits()
         self.env_allowlist = tuple(env_allowlist)
         self.deps = deps
+        self.catalog = catalog or CatalogSettings()
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
@@ -289,6 +306,12 @@ class CodeModeAgent:
         if RUN_CODE_TOOL in found and self.code_mode:
             raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
                                     "mode gives its own tool: rename it")
+        taken = sorted(CATALOG_FUNCTIONS & set(found)) if self.code_mode and self.catalog.mode != "stubs" else []
+        if taken:
+            raise CodeModeUserError(
+                f"agent {self.name!r} has a tool named {taken[0]!r}, the name of a function programs use to search "
+                "a large tool catalog (`CatalogSettings`): rename the tool, or keep every stub in the run_code "
+                "description with CodeModeAgent(catalog=CatalogSettings(mode='stubs'))")
         unknown = sorted(set(self._tool_options) - set(found))
         if unknown:
             raise CodeModeUserError(f"tool_options of agent {self.name!r} name tools it does not have: "
@@ -382,8 +405,15 @@ class CodeModeAgent:
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries))
-        stubs = render_stubs(sandbox_defs)
-        model_tools = ([run_code_tool_definition(stubs, self.limits)] if self.code_mode else []) + native_defs
+        stubs, own_stubs = render_tool_stubs(sandbox_defs)
+        catalog = index = None
+        if self.code_mode and self.catalog.wants_index(tools=len(sandbox_defs), stub_tokens=estimate_tokens(stubs)):
+            catalog = _catalog_of(sandbox_defs, own_stubs)
+            pairs = [(e.name, e.summary) for e in catalog.entries]
+            index = index_section(pairs)
+            if estimate_tokens(index) > self.catalog.max_stub_tokens:  # even the index is over budget: names only
+                index = index_section(pairs, summaries=False)
+        model_tools = ([run_code_tool_definition(stubs, self.limits, index)] if self.code_mode else []) + native_defs
         own = self.agent.model
         return AgentSpec(
             agent=self.name,
@@ -400,6 +430,7 @@ class CodeModeAgent:
             compute_escalation=True,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
+            catalog=catalog,
         )
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,

@@ -51,11 +51,12 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from .. import _pool
+from .._catalog import CATALOG_FUNCTIONS, CatalogIndex
 from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
 from .._config import is_time_limit, monty_limits
 from .._names import COMPUTE_ACTIVITY, SANDBOX_GUARDS_PATCH, compute_activity_id, compute_marker, nested_call_id
 from .._results import bounded_result, jsonable, preview
-from .._stubs import TYPE_CHECK_PRELUDE
+from .._stubs import CATALOG_PRELUDE, TYPE_CHECK_PRELUDE
 from .._types import AgentSpec, CallRecord, ComputeRequest, ComputeResult
 from ._guards import (
     MAX_ANSWERS_WITHOUT_WAIT,
@@ -182,6 +183,9 @@ class Repl:
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
+        self.catalog = CatalogIndex(spec.catalog) if spec.catalog is not None else None
+        """The run's recorded catalog, when its description carries the index: answers `search_tools` and
+        `describe_tool` (see `_catalog`)."""
         self._idle_state: bytes | None = None
         """The REPL between snippets, dumped while the run waits on the model."""
         self.lenient_names = False
@@ -209,7 +213,7 @@ class Repl:
                 "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
             },
             type_check=True,
-            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs,
+            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs + (CATALOG_PRELUDE if self.catalog else ""),
             type_check_format="concise",
         )
         try:
@@ -770,6 +774,9 @@ class _SnippetDriver:
         if snap.is_os_function:
             return await self._answer_os_call(snap)
         name = snap.function_name
+        catalog = self._repl.catalog
+        if catalog is not None and name in CATALOG_FUNCTIONS:  # answered at once, from the recorded catalog
+            return snap, cast(Any, catalog.answer(name, snap.args, dict(snap.kwargs)))
         if name not in self._tools:
             return snap, {"exc_type": "NameError", "message": f"name '{name}' is not defined"}
         if snap.args:
