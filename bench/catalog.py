@@ -265,11 +265,12 @@ async def main(n_tools: int) -> int:
         rows = [await _run_task(env.client, view, n_tools) for view in VIEWS]
     stubs, _summaries, index = rows
     print(f"{n_tools}-tool catalog; tokens = characters / 4; task: find 3 tools, read their stubs, call them")
-    print(f"{'run_code description':<24}{'chars':>9}{'~tokens':>9}{'requests':>10}{'tokens sent':>13}"
-          f"{'tool calls':>12}{'wall s':>8}")
+    print(f"{'run_code description':<24} | {'chars':>8} | {'~tokens':>7} | {'requests':>8} | {'tokens sent':>11} | "
+          f"{'tool calls':>10} | {'wall s':>6}")
+    print("-" * 25 + "+" + "+".join("-" * (w + 2) for w in (8, 7, 8, 11, 10)) + "+" + "-" * 7)
     for row in rows:
-        print(f"{row['view']:<24}{row['chars']:>9,}{row['tokens']:>9,}{row['requests']:>10}{row['sent']:>13,}"
-              f"{row['calls']:>12}{row['wall']:>8.2f}")
+        print(f"{row['view']:<24} | {row['chars']:>8,} | {row['tokens']:>7,} | {row['requests']:>8} | "
+              f"{row['sent']:>11,} | {row['calls']:>10} | {row['wall']:>6.2f}")
     for row in rows[1:]:
         print(f"{row['view']} vs every stub: {1 - row['tokens'] / stubs['tokens']:.1%} fewer description tokens "
               f"per request, {1 - row['sent'] / stubs['sent']:.1%} fewer over the task")
