@@ -183,9 +183,7 @@ class Repl:
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
-        self.catalog = CatalogIndex(spec.catalog) if spec.catalog is not None else None
-        """The run's recorded catalog, when its description carries the index: answers `search_tools` and
-        `describe_tool` (see `_catalog`)."""
+        self._catalog: CatalogIndex | None = None
         self._idle_state: bytes | None = None
         """The REPL between snippets, dumped while the run waits on the model."""
         self.lenient_names = False
@@ -213,7 +211,7 @@ class Repl:
                 "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
             },
             type_check=True,
-            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs + (CATALOG_PRELUDE if self.catalog else ""),
+            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs + (CATALOG_PRELUDE if self._spec.catalog else ""),
             type_check_format="concise",
         )
         try:
@@ -227,6 +225,17 @@ class Repl:
         _pool.note_checkout(+1)
         _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
+
+    @property
+    def catalog(self) -> CatalogIndex | None:
+        """The run's recorded catalog, if its description carries the index: it answers the catalog functions.
+
+        Built at the first `search_tools` / `describe_tool` call (~20 ms for 300 tools), so runs that never
+        search do not pay for it (see `_catalog`).
+        """
+        if self._catalog is None and self._spec.catalog is not None:
+            self._catalog = CatalogIndex(self._spec.catalog)
+        return self._catalog
 
     @property
     def idle_dump(self) -> bytes | None:
