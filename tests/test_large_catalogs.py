@@ -211,3 +211,23 @@ async def test_the_scripted_task_finds_describes_and_calls_three_tools(client: C
     assert sorted(c.tool for c in result.nested_calls) == EXPECTED
     assert eval(result.output) == {"refund": "refund_99999", "archived": "archived", "open_incidents": 42}
     assert result.usage.requests == 3
+
+
+async def test_catalog_answers_are_given_again_when_the_program_goes_on_in_the_compute_activity(
+        client: Client) -> None:
+    # 3 s of compute after two catalog answers: the stretch goes on in the compute activity, from the snippet's
+    # start, which must get the same answers again (recorded inline, never asked of a worker's tools).
+    code = """
+hit = search_tools("create refund", limit=1)[0]["name"]
+first = describe_tool(hit).splitlines()[0]
+n = 0
+for i in range(15_000_000):
+    n = (n + i * i) % 1_000_003
+r = await create_refund(name=first, owner="alex@example.com")
+[hit, first, n, r["name"]]
+"""
+    result = await _catalog_run(client, RunCode(code), echo)
+    snippet = result.turns[0].snippets[0]
+    assert snippet.outcome == "ok" and snippet.computed_seconds is not None and snippet.computed_seconds > 1
+    hit, first, _n, name = eval(result.output)["result"]
+    assert (hit, first, name) == ("create_refund", "class Refund(TypedDict):", "class Refund(TypedDict):")
