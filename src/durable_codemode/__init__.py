@@ -13,7 +13,7 @@ from ._approvals import (
     RecordedApproverPolicy,
     RejectedDecision,
 )
-from ._config import DEFAULT_TOOL_RETRY_POLICY, SnippetLimits, ToolOptions
+from ._config import DEFAULT_TOOL_RETRY_POLICY, CatalogSettings, SnippetLimits, ToolOptions
 from ._converter import DATA_CONVERTER
 from ._errors import (
     AgentNotFoundError,
@@ -60,6 +60,7 @@ __all__ = [
     "ApproverPolicy",
     "BatchDecision",
     "CallRecord",
+    "CatalogSettings",
     "CodeModeAgent",
     "CodeModeError",
     "CodeModePlugin",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_monty import MontyRuntimeError, ResourceLimits
 from temporalio.common import RetryPolicy
@@ -17,7 +17,13 @@ from temporalio.common import RetryPolicy
 from ._approvals import ApproverPolicy
 from ._errors import CodeModeUserError
 
-__all__ = ["AUTOMATIC_PAYLOAD_LIMIT_BYTES", "DEFAULT_TOOL_RETRY_POLICY", "SnippetLimits", "ToolOptions"]
+__all__ = [
+    "AUTOMATIC_PAYLOAD_LIMIT_BYTES",
+    "DEFAULT_TOOL_RETRY_POLICY",
+    "CatalogSettings",
+    "SnippetLimits",
+    "ToolOptions",
+]
 
 AUTOMATIC_PAYLOAD_LIMIT_BYTES = 1024 * 1024
 """A tool call's arguments, and its result, at most, when the worker has no payload store (`None` limits)."""
@@ -177,6 +183,56 @@ class SnippetLimits:
                 )
         if problems:
             raise CodeModeUserError("invalid SnippetLimits: " + "; ".join(problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CatalogSettings:
+    """When an agent's sandbox tools are too many to send every stub to the model on each request.
+
+    Every stub goes into the `run_code` description, and the description goes with every model request: a
+    300-tool catalog costs tens of thousands of input tokens per turn before the model reads the prompt. Past
+    either bound, the description lists one line per tool (its name and the first line of its docstring)
+    instead, and programs find and read the rest with two functions answered in workflow code from the run's
+    recorded catalog (no activity, no extra model turn): `search_tools(query)` and `describe_tool(name)`. Every
+    tool stays callable, and programs are still type-checked against every full stub.
+
+    Which view a run gets is decided when it starts and recorded with it, so changing these settings never
+    changes how a run already started replays.
+
+    Example:
+        ```python
+        CodeModeAgent(agent, catalog=CatalogSettings(max_tools=20))  # index past 20 sandbox tools
+        ```
+
+    """
+
+    max_tools: int = 40
+    """Sandbox tools the description may list in full; with more, it carries the index."""
+
+    max_stub_tokens: int = 4000
+    """Estimated tokens (characters / 4, about what models' tokenizers give for English and Python) the sandbox
+    tools' stubs may take in the description; past it, the description carries the index. When the index itself
+    (a line per tool: ~20 tokens, so past ~200 tools) is over this too, it lists only the tools' names, and
+    `search_tools` gives their summaries."""
+
+    mode: Literal["auto", "index", "stubs"] = "auto"
+    """`auto`: the index past either bound, every stub otherwise; `index`: always the index (when the agent has
+    sandbox tools); `stubs`: always every stub, however large (and tools may then be named `search_tools` or
+    `describe_tool`)."""
+
+    def __post_init__(self) -> None:
+        problems = [f"{name} must be at least 1, got {getattr(self, name)}"
+                    for name in ("max_tools", "max_stub_tokens") if getattr(self, name) < 1]
+        if self.mode not in ("auto", "index", "stubs"):
+            problems.append(f"mode must be 'auto', 'index' or 'stubs', got {self.mode!r}")
+        if problems:
+            raise CodeModeUserError("invalid CatalogSettings: " + "; ".join(problems))
+
+    def wants_index(self, *, tools: int, stub_tokens: int) -> bool:
+        """Whether a catalog of `tools` sandbox tools whose stubs take `stub_tokens` gets the index."""
+        if self.mode != "auto":
+            return self.mode == "index" and tools > 0
+        return tools > self.max_tools or stub_tokens > self.max_stub_tokens
 
 
 def is_time_limit(error: MontyRuntimeError) -> bool:

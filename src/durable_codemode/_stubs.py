@@ -7,16 +7,28 @@ the model reads and what the checker enforces cannot drift apart.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 
 from pydantic_ai.function_signature import FunctionSignature
 from pydantic_ai.tools import ToolDefinition
 
+from ._catalog import SEARCH_LIMIT_DEFAULT, SEARCH_LIMIT_MAX
 from ._config import SnippetLimits
 from ._files import FILES_ROOT, FilesSpec
 from ._names import RUN_CODE_TOOL
 
-__all__ = ["FILES_PRELUDE", "TYPE_CHECK_PRELUDE", "render_stubs", "run_code_tool_definition"]
+__all__ = [
+    "CATALOG_PRELUDE",
+    "FILES_PRELUDE",
+    "TYPE_CHECK_PRELUDE",
+    "estimate_tokens",
+    "index_section",
+    "render_stubs",
+    "render_tool_stubs",
+    "run_code_tool_definition",
+    "tool_summary",
+]
 
 TYPE_CHECK_PRELUDE = """\
 class PermissionError(OSError): ...
@@ -35,6 +47,16 @@ def open(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any: ...  # d
 """
 """The `open` builtin for the type checker, in runs with files (`RunFiles`): pydantic-monty 1.4.0 runs it, but
 its checker does not know the name. Only those runs get it, so older runs type-check their snippets as they did."""
+CATALOG_PRELUDE = f"""
+def search_tools(query: str, limit: int = {SEARCH_LIMIT_DEFAULT}) -> list[dict[str, str]]: ...
+def describe_tool(name: str) -> str: ...
+"""
+"""The stubs of the two catalog functions (`_catalog`), type-checked in runs whose description carries the
+index (`AgentSpec.catalog`). Plain `def`s: workflow code answers them at once, so a program calls them without
+`await`. Appended after the tools' stubs, which import what the annotations need."""
+
+SUMMARY_MAX_CHARS = 100
+"""The longest summary of a tool (the first line of its docstring) in the index and in `search_tools` results."""
 
 _STUB_HEADER = "from typing import Any, Literal, NotRequired, TypedDict\n"
 
@@ -55,18 +77,71 @@ _RUN_CODE_SCHEMA = {
 
 def render_stubs(tools: Sequence[ToolDefinition]) -> str:
     """Stubs for `tools`: each type definition once, then one `async def` per tool with its docstring."""
+    return render_tool_stubs(tools)[0]
+
+
+def render_tool_stubs(tools: Sequence[ToolDefinition]) -> tuple[str, list[tuple[list[str], str]]]:
+    """The stubs of `tools` (as `render_stubs`), and each tool's own: the type definitions it uses, and its `def`.
+
+    Both come from one resolution of clashing type names, so a type in a tool's own stub has the name the type
+    checker knows it by (e.g. `get_user_Address`).
+    """
     signatures = [t.function_signature for t in tools]
     conflicting = FunctionSignature.get_conflicting_type_names(signatures)
-    parts = [_STUB_HEADER]
-    parts += FunctionSignature.render_type_definitions(signatures, conflicting)
-    parts += [
-        t.render_signature("...", is_async=True, conflicting_type_names=conflicting) for t in tools
-    ]
-    return "\n\n".join(parts) + "\n"
+    functions = [t.render_signature("...", is_async=True, conflicting_type_names=conflicting) for t in tools]
+    parts = [_STUB_HEADER, *FunctionSignature.render_type_definitions(signatures, conflicting), *functions]
+    own = [(FunctionSignature.render_type_definitions([signature], conflicting), function)
+           for signature, function in zip(signatures, functions, strict=True)]
+    return "\n\n".join(parts) + "\n", own
 
 
-def run_code_tool_definition(stubs: str, limits: SnippetLimits, *, files: FilesSpec | None = None) -> ToolDefinition:
-    """The `run_code` tool: its description teaches the sandbox and lists the tools as stubs (and the files)."""
+def estimate_tokens(text: str) -> int:
+    """Roughly how many tokens `text` takes for a model: characters / 4 (the usual ratio for English and code)."""
+    return (len(text) + 3) // 4
+
+
+def tool_summary(tool: ToolDefinition) -> str:
+    """The first line of `tool`'s docstring, at most `SUMMARY_MAX_CHARS` characters (`''` without a docstring)."""
+    line = next((ln.strip() for ln in (tool.description or "").splitlines() if ln.strip()), "")
+    return line if len(line) <= SUMMARY_MAX_CHARS else line[: SUMMARY_MAX_CHARS - 1].rstrip() + "\u2026"
+
+
+def _index_lines(index: Sequence[tuple[str, str]], *, summaries: bool) -> str:
+    if summaries:
+        return "\n".join(f"- {name}: {summary}" if summary else f"- {name}" for name, summary in index)
+    return textwrap.fill(", ".join(name for name, _summary in index), width=120, break_long_words=False,
+                         break_on_hyphens=False)
+
+
+def index_section(index: Sequence[tuple[str, str]], *, summaries: bool = True) -> str:
+    """The tools part of the `run_code` description for a large catalog: the index and the catalog functions.
+
+    `summaries`: one line per tool, its name and the first line of its docstring; else only the names, comma
+    separated (for catalogs whose index with summaries would itself be over the budget).
+    """
+    listed = ("so each line below is a tool's name and the first line of its docstring" if summaries else
+              "so only their names are listed below (search_tools gives each one's summary)")
+    return f"""\
+The tools: there are {len(index)}, too many to show in full, {listed}. Two plain functions (call them without \
+`await`) tell you more:
+- `search_tools(query: str, limit: int = {SEARCH_LIMIT_DEFAULT}) -> list[dict[str, str]]`: the tools whose \
+names, docstrings and parameters best match the words of `query`, best first, as \
+`{{"name": ..., "summary": ...}}`; at most {SEARCH_LIMIT_MAX} (`limit`).
+- `describe_tool(name: str) -> str`: the tool's full stub (its signature, docstring and argument and result \
+types); an unknown name raises KeyError naming close matches.
+Every tool below can be called as an async function, and calls are type-checked against the full stubs: print \
+`describe_tool(name)` for the tools you need in one run_code call, then call them in the next.
+{_index_lines(index, summaries=summaries)}
+"""
+
+
+def run_code_tool_definition(stubs: str, limits: SnippetLimits, index: str | None = None, *,
+                             files: FilesSpec | None = None) -> ToolDefinition:
+    """The `run_code` tool: its description teaches the sandbox and lists the tools (and the files).
+
+    As stubs; or, for a large catalog (`CatalogSettings`), as its `index` (`index_section`).
+    """
+    tools = f"The tools:\n```python\n{stubs}```\n" if index is None else index
     files_line = "" if files is None else _files_line(files)
     unavailable = "network" if files is not None else "files, network"
     description = f"""\
@@ -91,10 +166,7 @@ inheritance (so no custom exceptions), generators, `del`, `@property`, `async wi
 `asyncio.create_task`, `gather(return_exceptions=...)`.
 {files_line}- The code is type-checked against the stubs first; a type or syntax error comes back to you to fix.
 
-The tools:
-```python
-{stubs}```
-"""
+{tools}"""
     return ToolDefinition(
         name=RUN_CODE_TOOL,
         description=description,

@@ -25,6 +25,7 @@ __all__ = [
     "FILE_LISTING_LIMIT",
     "AgentSpec",
     "CallRecord",
+    "CatalogEntry",
     "ComputeRequest",
     "ComputeResult",
     "Continuation",
@@ -36,6 +37,7 @@ __all__ = [
     "RunResult",
     "SnippetRecord",
     "ToolCallInput",
+    "ToolCatalog",
     "ToolSpec",
     "TurnRecord",
     "bound_turns",
@@ -141,6 +143,37 @@ class OutputSpec:
 
 
 @dataclass(kw_only=True)
+class CatalogEntry:
+    """One sandbox tool of a large catalog, as the run records it (`ToolCatalog`)."""
+
+    name: str
+    summary: str
+    """The first line of its docstring: its line in the `run_code` description, and what `search_tools` gives."""
+    function: str
+    """Its `async def` with the docstring, as in the stubs."""
+    types: list[int] = field(default_factory=list)
+    """The type definitions its stub uses, in order, as indexes into `ToolCatalog.types`."""
+
+
+@dataclass(kw_only=True)
+class ToolCatalog:
+    """The sandbox tools of a run whose `run_code` description carries an index instead of every stub.
+
+    Recorded with the run (`AgentSpec.catalog`): the sandbox's `search_tools` and `describe_tool` are answered
+    from it in workflow code. Each type definition is kept once (a domain's record type is shared by its tools),
+    which keeps a 300-tool spec well under Temporal's 512 KiB payload warning.
+    """
+
+    entries: list[CatalogEntry]
+    types: list[str] = field(default_factory=list)
+    """Every type definition some entry uses, once each."""
+
+    def stub(self, entry: CatalogEntry) -> str:
+        """The full stub of `entry`: the type definitions it uses, then its `async def`."""
+        return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
+
+
+@dataclass(kw_only=True)
 class AgentSpec:
     """Everything a run needs to know about its agent, recorded once at the start by an activity.
 
@@ -188,6 +221,11 @@ class AgentSpec:
     files: FilesSpec | None = None
     """The run's filesystem (`CodeModeAgent(files=RunFiles(...))`), with its seeded files; `None`: programs have
     no files (file calls raise `PermissionError`), as in every run recorded before the field."""
+    catalog: ToolCatalog | None = None
+    """The sandbox tools of a large catalog (past the agent's `CatalogSettings`): the `run_code` description lists
+    one line per tool and programs may call `search_tools` / `describe_tool`, answered from these entries.
+    `None`: the description carries every stub and programs have no catalog functions (every small agent, and
+    every run recorded before the field)."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""

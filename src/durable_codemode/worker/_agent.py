@@ -28,14 +28,15 @@ from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
 
 from .._approvals import RecordedApproverPolicy
-from .._config import SnippetLimits, ToolOptions
+from .._catalog import CATALOG_FUNCTIONS
+from .._config import CatalogSettings, SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError
 from .._files import RunFiles
 from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
-from .._stubs import render_stubs, run_code_tool_definition
-from .._types import AgentSpec, OutputSpec, OutputVerdict, ToolSpec
+from .._stubs import estimate_tokens, index_section, render_tool_stubs, run_code_tool_definition, tool_summary
+from .._types import AgentSpec, CatalogEntry, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
 from ._files import files_spec
@@ -110,6 +111,15 @@ def _qualified_name(kind: Any) -> str | None:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _catalog_of(tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]) -> ToolCatalog:
+    """The recorded catalog of `tools`, from their own stubs (`render_tool_stubs`), each type definition once."""
+    types: dict[str, int] = {}
+    entries = [CatalogEntry(name=tool.name, summary=tool_summary(tool), function=function,
+                            types=[types.setdefault(t, len(types)) for t in definitions])
+               for tool, (definitions, function) in zip(tools, own_stubs, strict=True)]
+    return ToolCatalog(entries=entries, types=list(types))
+
+
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
 
@@ -150,6 +160,7 @@ class CodeModeAgent:
         env_allowlist: Sequence[str] = (),
         deps: Any = None,
         files: RunFiles | None = None,
+        catalog: CatalogSettings | None = None,
     ) -> None:
         """Wrap `agent`.
 
@@ -171,11 +182,16 @@ class CodeModeAgent:
                 without `start_run(deps=...)`.
             files: A filesystem per run for the programs (`pathlib`, `open()` under `/files`), optionally seeded
                 read-only from a folder on the worker; `None` (the default): programs have no files.
+            catalog: When the sandbox tools are too many for the `run_code` description to carry every stub (by
+                default past 40 tools or ~4,000 tokens of stubs): it then lists one line per tool, and programs
+                call `search_tools(query)` and `describe_tool(name)` (see `CatalogSettings`). Decided when a run
+                starts, and recorded.
 
         Raises:
             CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
                 (tool and output hooks are applied); `max_concurrency` or `metadata`; `DeferredToolRequests` output;
-                or options for a tool name that does not exist (checked when the worker starts).
+                or options for a tool name that does not exist, or a tool named `run_code`, `search_tools` or
+                `describe_tool` (checked when the worker starts).
 
         """
         resolved = name or agent.name
@@ -198,6 +214,7 @@ class CodeModeAgent:
         self.env_allowlist = tuple(env_allowlist)
         self.deps = deps
         self.files = files
+        self.catalog = catalog or CatalogSettings()
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
@@ -295,6 +312,12 @@ class CodeModeAgent:
         if RUN_CODE_TOOL in found and self.code_mode:
             raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
                                     "mode gives its own tool: rename it")
+        taken = sorted(CATALOG_FUNCTIONS & set(found)) if self.code_mode and self.catalog.mode != "stubs" else []
+        if taken:
+            raise CodeModeUserError(
+                f"agent {self.name!r} has a tool named {taken[0]!r}, the name of a function programs use to search "
+                "a large tool catalog (`CatalogSettings`): rename the tool, or keep every stub in the run_code "
+                "description with CodeModeAgent(catalog=CatalogSettings(mode='stubs'))")
         unknown = sorted(set(self._tool_options) - set(found))
         if unknown:
             raise CodeModeUserError(f"tool_options of agent {self.name!r} name tools it does not have: "
@@ -388,9 +411,16 @@ class CodeModeAgent:
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries))
-        stubs = render_stubs(sandbox_defs)
+        stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
-        model_tools = ([run_code_tool_definition(stubs, self.limits, files=files)] if self.code_mode else []
+        catalog = index = None
+        if self.code_mode and self.catalog.wants_index(tools=len(sandbox_defs), stub_tokens=estimate_tokens(stubs)):
+            catalog = _catalog_of(sandbox_defs, own_stubs)
+            pairs = [(e.name, e.summary) for e in catalog.entries]
+            index = index_section(pairs)
+            if estimate_tokens(index) > self.catalog.max_stub_tokens:  # even the index is over budget: names only
+                index = index_section(pairs, summaries=False)
+        model_tools = ([run_code_tool_definition(stubs, self.limits, index, files=files)] if self.code_mode else []
                        ) + native_defs
         own = self.agent.model
         return AgentSpec(
@@ -410,6 +440,7 @@ class CodeModeAgent:
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
             files=files,
+            catalog=catalog,
         )
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,

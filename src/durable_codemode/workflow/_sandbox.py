@@ -52,6 +52,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 from .. import _pool
+from .._catalog import CATALOG_FUNCTIONS, CatalogIndex
 from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
 from .._config import is_time_limit, monty_limits
 from .._files import FILES_ROOT
@@ -64,7 +65,7 @@ from .._names import (
     type_check_rejection_marker,
 )
 from .._results import bounded_result, jsonable, preview
-from .._stubs import FILES_PRELUDE, TYPE_CHECK_PRELUDE
+from .._stubs import CATALOG_PRELUDE, FILES_PRELUDE, TYPE_CHECK_PRELUDE
 from .._types import FILE_LISTING_LIMIT, AgentSpec, CallRecord, ComputeRequest, ComputeResult
 from ._files import FILE_FUNCTIONS, RunFilesystem
 from ._guards import (
@@ -198,6 +199,7 @@ class Repl:
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
+        self._catalog: CatalogIndex | None = None
         self._idle_state: bytes | None = None
         """The REPL between snippets, dumped while the run waits on the model."""
         self.lenient_names = False
@@ -225,7 +227,8 @@ class Repl:
                 "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
             },
             type_check=True,
-            type_check_stubs=TYPE_CHECK_PRELUDE + self._spec.stubs + (FILES_PRELUDE if self.files is not None else ""),
+            type_check_stubs=(TYPE_CHECK_PRELUDE + self._spec.stubs + (FILES_PRELUDE if self.files is not None else "")
+                              + (CATALOG_PRELUDE if self._spec.catalog else "")),
             type_check_format="concise",
         )
         try:
@@ -239,6 +242,17 @@ class Repl:
         _pool.note_checkout(+1)
         _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
+
+    @property
+    def catalog(self) -> CatalogIndex | None:
+        """The run's recorded catalog, if its description carries the index: it answers the catalog functions.
+
+        Built at the first `search_tools` / `describe_tool` call (~20 ms for 300 tools), so runs that never
+        search do not pay for it (see `_catalog`).
+        """
+        if self._catalog is None and self._spec.catalog is not None:
+            self._catalog = CatalogIndex(self._spec.catalog)
+        return self._catalog
 
     @property
     def idle_dump(self) -> bytes | None:
@@ -836,6 +850,9 @@ class _SnippetDriver:
         if snap.is_os_function:
             return await self._answer_os_call(snap)
         name = snap.function_name
+        catalog = self._repl.catalog
+        if catalog is not None and name in CATALOG_FUNCTIONS:  # answered at once, from the recorded catalog
+            return snap, cast(Any, catalog.answer(name, snap.args, dict(snap.kwargs)))
         if name not in self._tools:
             return snap, {"exc_type": "NameError", "message": f"name '{name}' is not defined"}
         if snap.args:
