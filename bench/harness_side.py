@@ -38,6 +38,7 @@ from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin
 from temporalio.api.history.v1 import History
 from temporalio.client import Client
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.harness_workflow import AGENT, HarnessInput, HarnessWorkflow
 
@@ -79,11 +80,13 @@ async def serve(args: argparse.Namespace, out: TextIO) -> None:
         out.flush()
 
     client = await Client.connect(args.target, namespace=args.namespace, plugins=[PydanticAIPlugin()])
-    runner: dict[str, WorkflowRunner] = {"workflow_runner": UnsandboxedWorkflowRunner()} \
-        if args.runner == "unsandboxed" else {}
+    # `SandboxedWorkflowRunner()` is both classes' default, which `PydanticAIPlugin` fills with its passthroughs.
+    def runner() -> WorkflowRunner:
+        return UnsandboxedWorkflowRunner() if args.runner == "unsandboxed" else SandboxedWorkflowRunner()
+
     worker = Worker(client, task_queue=args.task_queue, workflows=[HarnessWorkflow], plugins=[AgentPlugin(AGENT)],
-                    **runner)
-    replayer = Replayer(workflows=[HarnessWorkflow], plugins=[PydanticAIPlugin()], **runner)
+                    workflow_runner=runner())
+    replayer = Replayer(workflows=[HarnessWorkflow], plugins=[PydanticAIPlugin()], workflow_runner=runner())
     loop = asyncio.get_running_loop()
     async with worker:
         send({"ready": True, "versions": versions()})
