@@ -2,8 +2,8 @@
 
 Over stdio by default, over streamable HTTP on localhost with `--http`. `--state` is a folder the server reads
 and writes so a test can change it between starts: `crash-next` makes the next `reserve` call kill the server
-while the call is in flight (once), and `variant` (`v2`) renames `stock` to `stock_level`, as a new server
-version would.
+while the call is in flight (once), and `variant` changes `stock` as a new server version would: `v2` renames
+it to `stock_level`, `v3` keeps its name but returns text.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ def build(state: Path | None) -> FastMCP:
         """Units in stock of `sku`."""
         return STOCK.get(sku, 0)
 
-    mcp.tool(stock, name="stock" if variant == "v1" else "stock_level")
+    def stock_text(sku: str) -> str:
+        """Units in stock of `sku`, as text."""
+        return str(STOCK.get(sku, 0))
+
+    if variant == "v3":
+        mcp.tool(stock_text, name="stock")
+    else:
+        mcp.tool(stock, name="stock" if variant == "v1" else "stock_level")
 
     @mcp.tool
     def item(sku: str) -> Item:

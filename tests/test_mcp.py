@@ -183,6 +183,33 @@ async def test_a_tool_gone_since_the_run_started_is_a_clear_error(client: Client
     await replay(handle)
 
 
+async def test_a_tool_whose_schema_changed_since_the_run_started_is_refused(client: Client, tmp_path: Path) -> None:
+    # The run records `stock(sku) -> int`; the server restarts as a version whose `stock` returns text. The
+    # program was type-checked against `-> int`, so the call is refused, catchably, and never reaches the server.
+    (tmp_path / "crash-next").touch()
+    first = "await stock(sku='a')"
+    second = ("try:\n    await reserve(sku='a')\nexcept Exception as e:\n    pass\n"
+              "try:\n    r = str(await stock(sku='a'))\nexcept TypeError as e:\n    r = str(e)\nr")
+
+    def flip(messages: Any) -> RunCode:
+        (tmp_path / "variant").write_text("v3")
+        return RunCode(second)
+
+    agent = mcp_agent("mcp-retyped", stdio_toolset(tmp_path), RunCode(first), flip, _answer,
+                      tool_options={"reserve": ToolOptions(retry_policy=_retry(2))})
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-retyped", "go", task_queue=tq)
+        result = await handle.result()
+    assert json.loads(_snippets(result)[0].result)["result"] == 7
+    message = json.loads(result.output)["result"]
+    assert "MCP tool 'stock' of agent 'mcp-retyped' changed since the run started" in message, message
+    assert "the call was not made" in message
+    calls = [c for s in _snippets(result) for c in s.calls if c.tool == "stock"]
+    assert [c.status for c in calls] == ["ok", "error"], calls
+    await replay(handle)
+
+
 def _retry(attempts: int) -> RetryPolicy:
     return RetryPolicy(maximum_attempts=attempts, initial_interval=timedelta(milliseconds=100))
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
+from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
@@ -111,6 +113,10 @@ class ToolSpec:
     max_retries: int | None = None
     """pydantic-ai's retry budget of the tool (its own `max_retries`, else the agent's tool retries): how many times
     in a row the model may be asked to retry a direct call of it; `None` (runs recorded before it): no bound."""
+    schema_digest: str | None = None
+    """An MCP tool's argument and result schemas as the run recorded them (a short digest): each call sends it, and
+    the worker refuses the call when the server now describes the tool differently. `None` for other tools (their
+    schemas change only with a deploy) and in runs recorded before the field."""
 
 
 @dataclass(kw_only=True)
@@ -384,15 +390,30 @@ class OutputVerdict:
     """pydantic-ai's retry request (the validation errors, or an output validator's `ModelRetry` message)."""
 
 
-@dataclass(kw_only=True)
+@pydantic_dataclass(kw_only=True)
 class ToolCallInput:
-    """The input of a tool activity: only what the call needs, to keep histories small."""
+    """The input of a tool activity: only what the call needs, to keep histories small.
+
+    A pydantic dataclass only so that its optional fields are left out of the payload while unset (`_unset_left_out`):
+    every call of a run without deps would otherwise record `"deps":null`, and every non-MCP call
+    `"schema_digest":null`, in the history.
+    """
 
     tool: str
     args: dict[str, Any]
     call_id: str
     deps: Any = None
     """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
+    schema_digest: str | None = None
+    """`ToolSpec.schema_digest`: the MCP tool's schemas as the run recorded them, checked against the server's."""
+
+    @model_serializer(mode="wrap")
+    def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {key: value for key, value in data.items() if value is not None or key in _TOOL_CALL_REQUIRED}
+
+
+_TOOL_CALL_REQUIRED = frozenset({"tool", "args", "call_id"})
 
 
 def _size(call: CallRecord) -> int:

@@ -203,7 +203,7 @@ class CodeModeActivities:
             try:
                 result = await heartbeating(
                     agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt,
-                                    deps=payload.deps))
+                                    deps=payload.deps, recorded_schema=payload.schema_digest))
             except _TRANSIENT as e:
                 raise ApplicationError(_message(e), type=type(e).__name__) from e
             except ValidationError as e:

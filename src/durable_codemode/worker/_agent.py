@@ -40,7 +40,7 @@ from .._types import AgentSpec, CatalogEntry, OutputSpec, OutputVerdict, ToolCat
 from ._approvers import ApprovalAuthority
 from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
 from ._files import files_spec
-from ._mcp import as_received, mcp_toolsets, reconnect_lost
+from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
 
 __all__ = ["CodeModeAgent", "ToolSelector"]
 
@@ -410,7 +410,8 @@ class CodeModeAgent:
                                   heartbeat_timeout=options.heartbeat_timeout,
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
-                                  max_retries=tool.max_retries))
+                                  max_retries=tool.max_retries,
+                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None))
         stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
         catalog = index = None
@@ -548,11 +549,14 @@ class CodeModeAgent:
         return OutputVerdict(output=jsonable(run.result.output))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
-                        deps: Any = None) -> Any:
+                        deps: Any = None, recorded_schema: str | None = None) -> Any:
         """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
+
+        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did.
 
         Raises:
             KeyError: the agent has no tool called `tool_name`.
+            TypeError: an MCP tool's schemas are not the ones the run recorded (the call is not made).
             ValueError: the arguments do not match the tool's schema (a pydantic `ValidationError`).
 
         """
@@ -570,6 +574,12 @@ class CodeModeAgent:
                     "from now on see the new list; this run's programs were checked against the old one")
             raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
         toolset, tool = tools[tool_name]
+        if recorded_schema is not None and schema_digest(tool.tool_def) != recorded_schema:
+            raise TypeError(
+                f"MCP tool {tool_name!r} of agent {self.name!r} changed since the run started: its server now "
+                "describes other arguments or another result than the stub this run's programs were checked "
+                "against, so the call was not made. Runs started from now on see the new schema; start a new run "
+                "to use it")
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
         try:
             if self._hooked:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -84,6 +86,17 @@ def as_received(tool: ToolDefinition) -> ToolDefinition:
     if "$defs" in schema:  # the result's own references point at the envelope's definitions
         inner.setdefault("$defs", schema["$defs"])
     return replace(tool, return_schema=inner)
+
+
+def schema_digest(tool: ToolDefinition) -> str:
+    """A short digest of what a program's call of `tool` relies on: its argument schema and its result schema.
+
+    Recorded per MCP tool when a run starts and checked at each call: a server that now describes the tool
+    differently (renamed or retyped arguments, another result) would otherwise take or return what the run's
+    programs were not type-checked against. Descriptions are left out: a reworded docstring changes no call.
+    """
+    schemas = json.dumps([tool.parameters_json_schema, tool.return_schema], sort_keys=True, default=str)
+    return hashlib.sha256(schemas.encode()).hexdigest()[:16]
 
 
 def connection_lost(error: BaseException) -> bool:

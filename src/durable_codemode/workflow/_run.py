@@ -542,7 +542,8 @@ class CodeModeRunWorkflow:
         }
         if spec.heartbeat_timeout is not None and not spec.local:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
-        payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps)
+        payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps,
+                                schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"
         try:
