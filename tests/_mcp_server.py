@@ -13,9 +13,13 @@ import os
 from pathlib import Path
 
 from fastmcp import FastMCP
+from fastmcp.utilities.types import Image
+from mcp.types import TextContent
 from pydantic import BaseModel
 
 STOCK = {"a": 7, "b": 14, "c": 21}
+PNG = bytes.fromhex("89504e470d0a1a0a0000000d49484452")
+"""The first 16 bytes of a PNG file: what `photo` sends as image content."""
 
 
 class Item(BaseModel):
@@ -49,6 +53,16 @@ def build(state: Path | None) -> FastMCP:
     def skus() -> list[str]:
         """Every sku."""
         return sorted(STOCK)
+
+    @mcp.tool
+    def photo(sku: str) -> Image:
+        """A photo of `sku` (image content)."""
+        return Image(data=PNG, format="png")
+
+    @mcp.tool(output_schema=None)
+    def label(sku: str) -> list[TextContent]:
+        """The label of `sku`, as two text contents and no output schema."""
+        return [TextContent(type="text", text=f"SKU {sku}"), TextContent(type="text", text=f"qty {STOCK[sku]}")]
 
     @mcp.tool
     def server_pid() -> int:

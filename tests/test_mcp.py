@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 from fastmcp.client.transports import StdioTransport
-from pydantic_ai import Agent
+from pydantic_ai import Agent, BinaryImage
 from pydantic_ai.mcp import MCPToolset, load_mcp_toolsets
+from pydantic_ai.messages import ModelRequest, ToolReturnPart
 from temporalio.client import Client
 from temporalio.common import RetryPolicy
 
@@ -34,6 +35,8 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+
+from ._mcp_server import PNG
 
 SERVER = str(Path(__file__).with_name("_mcp_server.py"))
 _QUIET = {"FASTMCP_LOG_LEVEL": "ERROR"}
@@ -104,6 +107,42 @@ async def test_stubs_describe_unwrapped_results_and_a_wrong_use_is_refused(clien
         result = await handle.result()
     snippet = _snippets(result)[0]
     assert snippet.outcome == "rejected" and "int" in snippet.result
+    await replay(handle)
+
+
+async def test_text_and_image_content_reach_the_program_as_documented(client: Client) -> None:
+    # No output schema says what these return, so their stubs are `-> Any`; the program gets pydantic-ai's own
+    # values: a list of the text contents' strings, and the image as a dict with its base64 data and media type.
+    code = ("import base64\np = await photo(sku='a')\nl = await label(sku='b')\n"
+            "{'media': p['media_type'], 'data': list(base64.b64decode(p['data'])), 'label': ' / '.join(l)}")
+    agent = mcp_agent("mcp-content", stdio_toolset(), RunCode(code), _answer)
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        spec_stubs = (await agent.describe()).stubs
+        handle = await start_run(client, "mcp-content", "go", task_queue=tq)
+        result = await handle.result()
+    assert "async def photo(*, sku: str) -> Any:" in spec_stubs and "async def label(*, sku: str) -> Any:" in spec_stubs
+    assert json.loads(result.output)["result"] == {"media": "image/png", "data": list(PNG),
+                                                   "label": "SKU b / qty 14"}
+    await replay(handle)
+
+
+async def test_native_image_content_reaches_the_model_as_an_image(client: Client) -> None:
+    # As under `agent.run()`: the tool return the model reads is pydantic-ai's `BinaryImage`, not its JSON form.
+    returned: list[Any] = []
+
+    def look(messages: Any) -> str:
+        returned.extend(p.content for m in messages if isinstance(m, ModelRequest) for p in m.parts
+                        if isinstance(p, ToolReturnPart))
+        return "seen"
+
+    agent = mcp_agent("mcp-native-image", stdio_toolset(), CallTool("photo", {"sku": "a"}), look, sandbox_tools=[])
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, "mcp-native-image", "go", task_queue=tq)
+        assert (await handle.result()).output == "seen"
+    assert len(returned) == 1 and isinstance(returned[0], BinaryImage), returned
+    assert returned[0].data == PNG and returned[0].media_type == "image/png"
     await replay(handle)
 
 
