@@ -229,6 +229,29 @@ def tool_call_context(
         yield ctx
 
 
+def _listed_children(pid: int) -> list[str] | None:
+    """The child pids of `pid`, from `/proc/<pid>/task/*/children`; `None` where the kernel has no such file.
+
+    One read per thread instead of a scan of every process: the benchmarks sample this every 0.25 s, and the full
+    scan took ~8% of a busy worker's CPU in `bench/throughput.py`.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        listed: list[str] = []
+        for task in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{task}/children", "rb") as f:
+                    listed.extend(f.read().decode().split())
+            except FileNotFoundError:
+                if task == tasks[0]:
+                    return None  # no CONFIG_PROC_CHILDREN
+            except OSError:
+                continue  # the thread ended meanwhile
+        return listed
+    except OSError:
+        return None
+
+
 def child_processes(needle: bytes = b"monty") -> list[int]:
     """Live child processes of this process whose command line contains `needle` (Linux: read from /proc).
 
@@ -236,8 +259,9 @@ def child_processes(needle: bytes = b"monty") -> list[int]:
     leaked or spun past the pool, or kills them as a crash would.
     """
     me = os.getpid()
+    children = _listed_children(me)
     found: list[int] = []
-    for entry in os.listdir("/proc"):
+    for entry in children if children is not None else os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
