@@ -24,6 +24,10 @@ from ._files import CarriedFiles, FilesSpec
 __all__ = [
     "FILE_LISTING_LIMIT",
     "AgentSpec",
+    "BatchInput",
+    "BatchOutcome",
+    "BatchResult",
+    "BatchedCall",
     "CallRecord",
     "CatalogEntry",
     "ComputeRequest",
@@ -111,6 +115,10 @@ class ToolSpec:
     max_retries: int | None = None
     """pydantic-ai's retry budget of the tool (its own `max_retries`, else the agent's tool retries): how many times
     in a row the model may be asked to retry a direct call of it; `None` (runs recorded before it): no bound."""
+    batch: bool = False
+    """`ToolOptions.batch`: a program's calls to it in flight at once run as one batch activity (`BatchInput`).
+    Recorded, so a run's batching never follows the worker's current config: runs recorded before the field read
+    `False` and replay with one activity per call, as they ran."""
 
 
 @dataclass(kw_only=True)
@@ -393,6 +401,54 @@ class ToolCallInput:
     call_id: str
     deps: Any = None
     """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
+
+
+@dataclass(kw_only=True)
+class BatchedCall:
+    """One call of a batch: its own id (the idempotency key the tool sees) and arguments."""
+
+    call_id: str
+    args: dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class BatchInput:
+    """The input of a batch activity: calls of one batched tool a program had in flight at once.
+
+    Each call keeps what a `ToolCallInput` would give it (its id, arguments, the run's deps, shared once), and the
+    tool's per-call options ride along, so the worker runs each call as the tool's own activity would: `timeout`
+    per try, transient failures retried by `retry_policy` inside the batch.
+    """
+
+    agent: str
+    tool: str
+    calls: list[BatchedCall]
+    deps: Any = None
+    timeout: timedelta
+    """`ToolOptions.timeout`: one try of one call."""
+    retry_policy: RetryPolicy
+    """`ToolOptions.retry_policy`: the tries each call gets for transient failures (and the backoff between them)."""
+
+
+@dataclass(kw_only=True)
+class BatchOutcome:
+    """What one call of a batch came to (in `BatchResult`, and in the batch's heartbeat details)."""
+
+    call_id: str
+    kind: Literal["ok", "error", "deferred"]
+    """`ok`: `value` is the result; `error`: the call failed for good, `error_type` / `message` say how (as the
+    tool's own activity would have failed); `deferred`: it ran, but its result did not fit in the batch's payload,
+    so the workflow runs it again as its own activity (batched tools are read-only)."""
+    value: Any = None
+    error_type: str | None = None
+    message: str | None = None
+
+
+@dataclass(kw_only=True)
+class BatchResult:
+    """The result of a batch activity: one outcome per call, in the order of `BatchInput.calls`."""
+
+    outcomes: list[BatchOutcome]
 
 
 def _size(call: CallRecord) -> int:
