@@ -10,8 +10,8 @@ own activity would have:
   the batch run the others again; any other exception is final for that call alone, with its type's name;
 - a result over the limit for one tool result fails that call, as it would alone.
 
-Every call that settles is heartbeated at once (all the outcomes so far, as the details), and the attempt also
-beats on a timer while calls run. A retried attempt (its worker was killed, or it timed out) reads the last
+Every call that settles is heartbeated at once (all the outcomes so far, as the details; calls settling in the
+same turn of the event loop share a beat), and the attempt also beats on a timer while calls run. A retried attempt (its worker was killed, or it timed out) reads the last
 details and runs only the calls that had not settled: a call done before the kill is never run again.
 
 Without a payload store, the results of one batch share the payload budget of one tool result (1 MiB by
@@ -105,8 +105,20 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
     used = sum(len(to_json(o.value)) for o in done.values() if o.kind == "ok")
     timeout = info.heartbeat_timeout
 
+    beat_scheduled = False
+
     def beat() -> None:
-        activity.heartbeat([o for o in done.values()])
+        nonlocal beat_scheduled
+        beat_scheduled = False
+        activity.heartbeat(list(done.values()))
+
+    def beat_soon() -> None:
+        # Calls that settle in the same turn of the event loop share one beat (a gather of 200 trivial reads
+        # would otherwise encode 200 growing lists).
+        nonlocal beat_scheduled
+        if not beat_scheduled:
+            beat_scheduled = True
+            asyncio.get_running_loop().call_soon(beat)
 
     async def one(call: BatchedCall) -> None:
         nonlocal used
@@ -122,7 +134,7 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
                 else:
                     used += size
         done[call.call_id] = outcome
-        beat()
+        beat_soon()
 
     async def beating() -> None:
         assert timeout is not None
