@@ -5,20 +5,31 @@ Real Temporal dev server, real Monty; every completed run's history is replayed 
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
 
-from durable_codemode import CodeModeUserError, ToolOptions, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, ToolOptions, start_run
 from durable_codemode._names import BATCH_ACTIVITY
 from durable_codemode.debugging import render_trace, trace_run
-from durable_codemode.testing import RunCode, last_result, replay, running_worker
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
 
+from . import _batch_worker
 from ._agents import Effects, items_agent
+from ._workers import ROOT, WorkerProcess
 
 BATCHED = {"get": ToolOptions(batch=True), "flaky": ToolOptions(batch=True)}
 
@@ -149,3 +160,123 @@ def test_batch_refuses_what_it_cannot_honour() -> None:
             ToolOptions(batch=True, **bad)  # type: ignore[arg-type]
         assert "drop batch=True" in str(info.value)
 
+
+
+def _start_worker(client: Client, task_queue: str, folder: Path, n: int) -> WorkerProcess:
+    log = folder / f"worker-{n}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests._batch_worker", "--address", client.service_client.config.target_host,
+             "--task-queue", task_queue, "--dir", str(folder)],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return WorkerProcess(proc, f"batch-{n}", log)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], worker: WorkerProcess, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not await check():
+        assert worker.alive(), f"the worker died by itself:\n{worker.tail()}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{worker.tail()}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.timeout(180)
+async def test_killed_worker_mid_batch_the_retry_runs_only_the_calls_not_done(client: Client,
+                                                                              tmp_path: Path) -> None:
+    task_queue = new_task_queue("batch-kill")
+    attempts = tmp_path / "attempts.log"
+    first = _start_worker(client, task_queue, tmp_path, 1)
+    second: WorkerProcess | None = None
+    try:
+        handle = await start_run(client, _batch_worker.AGENT, "go", task_queue=task_queue)
+
+        async def heartbeated_quick_calls() -> bool:
+            # The server holds the batch's last heartbeat: wait until it reports the three quick calls done.
+            description = await handle.describe()
+            for pending in description.raw_description.pending_activities:
+                if pending.activity_type.name == BATCH_ACTIVITY and pending.heartbeat_details.payloads:
+                    details = json.loads(pending.heartbeat_details.payloads[0].data)
+                    return sum(1 for o in details if o["kind"] == "ok") == _batch_worker.HELD_FROM
+            return False
+
+        await _until(heartbeated_quick_calls, first, "the quick calls' heartbeat")
+        first.kill()  # the held calls are still running in it
+        (tmp_path / "gate").touch()
+        second = _start_worker(client, task_queue, tmp_path, 2)
+        result = await handle.result()
+    finally:
+        for worker in (first, second):
+            if worker is not None:
+                worker.kill()
+    assert json.loads(result.output) == [f"K{i}" for i in range(_batch_worker.CALLS)]
+    runs = Counter(line.split()[0].split(":", 1)[1] for line in attempts.read_text().splitlines())
+    ids = [c.call_id for c in result.nested_calls]
+    # The calls done before the kill ran once; only the ones it interrupted ran again, on the second worker.
+    assert [runs[i] for i in ids] == [1] * _batch_worker.HELD_FROM + [2] * (_batch_worker.CALLS
+                                                                           - _batch_worker.HELD_FROM)
+    assert tools_of(await scheduled(handle)) == ["batch"]
+    await replay(handle)
+
+
+@pytest.mark.parametrize("recorded", [False, True], ids=["recorded-unbatched", "recorded-batched"])
+async def test_batching_is_read_from_the_run_not_from_the_worker_that_continues_it(client: Client,
+                                                                                   recorded: bool) -> None:
+    # A run started on a worker with one setting is continued (from its history) by a worker with the other: the
+    # run keeps the setting it recorded, before and after, so an old run replays and goes on as it ran.
+    code = """
+import asyncio, time
+a = await asyncio.gather(get(i=1), get(i=2))
+time.sleep(2)
+b = await asyncio.gather(get(i=3), get(i=4))
+[a, b]
+"""
+    def agent(batch: bool) -> Any:
+        return items_agent(f"batch-recorded-{recorded}", RunCode(code), lambda m: repr(last_result(m)["result"]),
+                           agent_options={"tool_options": {"get": ToolOptions(batch=batch)}})
+
+    tq = new_task_queue()
+    async with running_worker(client, [agent(recorded)], task_queue=tq):
+        handle = await start_run(client, f"batch-recorded-{recorded}", "go", task_queue=tq)
+        await _until_event(client, handle.id, EventType.EVENT_TYPE_TIMER_STARTED)
+    async with running_worker(client, [agent(not recorded)], task_queue=tq):
+        result = await handle.result()
+    assert eval(result.output) == [[10, 20], [30, 40]]
+    assert tools_of(await scheduled(handle)) == (["batch", "batch"] if recorded else ["get"] * 4)
+    await replay(handle)
+
+
+async def _until_event(client: Client, workflow_id: str, kind: EventType.ValueType) -> None:
+    async def poll() -> None:
+        while not any(e.event_type == kind for e in (await client.get_workflow_handle(workflow_id).fetch_history()
+                                                    ).events):
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), 30)
+
+
+async def test_batch_is_recorded_from_options_or_metadata_and_refused_with_a_tool_that_needs_approval() -> None:
+    agent = Agent("test", name="batch-describe")
+
+    @agent.tool_plain(metadata={"codemode": {"batch": True}})
+    def lookup(key: str) -> str:
+        """Look `key` up."""
+        return key
+
+    @agent.tool_plain
+    def plain(key: str) -> str:
+        """Not batched."""
+        return key
+
+    spec = await CodeModeAgent(agent).describe()
+    assert {t.name: t.batch for t in spec.tools} == {"lookup": True, "plain": False}
+
+    gated = Agent("test", name="batch-gated")
+
+    @gated.tool_plain(requires_approval=True)
+    def pay(cents: int) -> int:
+        """Pay."""
+        return cents
+
+    with pytest.raises(CodeModeUserError, match=r"tool 'pay' of agent 'batch-gated' has ToolOptions\(batch=True\) "
+                       "but needs approval"):
+        await CodeModeAgent(gated, tool_options={"pay": ToolOptions(batch=True)}).describe()

@@ -11,8 +11,9 @@ own activity would have:
 - a result over the limit for one tool result fails that call, as it would alone.
 
 Every call that settles is heartbeated at once (all the outcomes so far, as the details; calls settling in the
-same turn of the event loop share a beat), and the attempt also beats on a timer while calls run. A retried attempt (its worker was killed, or it timed out) reads the last
-details and runs only the calls that had not settled: a call done before the kill is never run again.
+same turn of the event loop share a beat), and the attempt also beats on a timer while calls run. A retried
+attempt (its worker was killed, or it timed out) reads the last details and runs only the calls that had not
+settled: a call done before the kill (and heartbeated) is never run again.
 
 Without a payload store, the results of one batch share the payload budget of one tool result (1 MiB by
 default): a call whose result does not fit is `deferred` and the workflow runs it again as its own activity.
