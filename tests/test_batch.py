@@ -22,10 +22,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
 
-from durable_codemode import CodeModeAgent, CodeModeUserError, ToolOptions, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, SnippetLimits, ToolOptions, start_run
 from durable_codemode._names import BATCH_ACTIVITY
 from durable_codemode.debugging import render_trace, trace_run
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 
 from . import _batch_worker
 from ._agents import Effects, items_agent
@@ -280,3 +280,51 @@ async def test_batch_is_recorded_from_options_or_metadata_and_refused_with_a_too
     with pytest.raises(CodeModeUserError, match=r"tool 'pay' of agent 'batch-gated' has ToolOptions\(batch=True\) "
                        "but needs approval"):
         await CodeModeAgent(gated, tool_options={"pay": ToolOptions(batch=True)}).describe()
+
+
+async def test_a_result_that_does_not_fit_the_batch_runs_again_on_its_own(client: Client) -> None:
+    ran: Counter[int] = Counter()
+    agent = Agent(scripted_model(RunCode("import asyncio\n[len(b) for b in await asyncio.gather("
+                                         "*(blob(n=n) for n in range(3)))]"),
+                                 lambda m: repr(last_result(m)["result"])), name="batch-blobs",
+                  instructions="Use run_code.")
+
+    @agent.tool_plain
+    def blob(n: int) -> str:
+        """1,000 characters."""
+        ran[n] += 1
+        return str(n) * 1000
+
+    # Without a payload store the batch's results share one tool result's budget: two fit, the third is run again
+    # as its own activity (batched tools are read-only).
+    cm = CodeModeAgent(agent, tool_options={"blob": ToolOptions(batch=True)},
+                       limits=SnippetLimits(max_tool_result_bytes=2_500))
+    async with running_worker(client, [cm]) as worker:
+        handle = await start_run(client, "batch-blobs", "go", task_queue=worker.task_queue)
+        result = await handle.result()
+    assert eval(result.output) == [1000, 1000, 1000]
+    assert tools_of(await scheduled(handle)) == ["batch", "blob"]
+    assert sorted(ran.values()) == [1, 1, 2]
+    assert [c.status for c in result.nested_calls] == ["ok"] * 3
+    await replay(handle)
+
+
+async def test_a_batch_whose_program_stopped_waiting_is_cancelled(client: Client) -> None:
+    code = """
+import asyncio
+try:
+    await asyncio.gather(fail(kind='value'), slow(seconds=30), slow(seconds=30))
+except ValueError as e:
+    caught = str(e)
+caught
+"""
+    agent = items_agent("batch-cancel", RunCode(code), lambda m: repr(last_result(m)["result"]),
+                        agent_options={"tool_options": {"slow": ToolOptions(batch=True)}})
+    async with running_worker(client, [agent]) as worker:
+        handle = await start_run(client, "batch-cancel", "go", task_queue=worker.task_queue)
+        result = await handle.result()
+    assert eval(result.output) == "bad value"
+    assert [c.status for c in result.nested_calls] == ["error", "cancelled", "cancelled"]
+    history = await handle.fetch_history()
+    assert any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED for e in history.events)
+    await replay(handle)
