@@ -20,6 +20,10 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
     assert _names.nested_call_id("call_1", 7) == "call_1.7"
     assert _names.tool_activity_id("call_1.7", "get", {"i": 3}) == "call_1.7-" + _names.call_digest("get", {"i": 3})
+    assert _names.BATCH_ACTIVITY == "durable-codemode.tool_batch"
+    # A batch's id: its first call, how many, a digest of every call's id and arguments (sets canonical).
+    assert _names.batch_activity_id(["call_1.0", "call_1.1"], "get", [{"i": 0}, {"i": {2, 1}}]) == (
+        "call_1.0+2-c3f13b317c")
     # Search attributes and memo keys are registered on servers and read by `codemode runs` and the UI's saved queries.
     assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
     assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")

@@ -89,6 +89,17 @@ class ToolOptions:
     """`True`: callable from `run_code` snippets; `False`: a native tool the model calls directly; `None`:
     decided by the agent's `sandbox_tools` selection (default: every tool is in the sandbox)."""
 
+    batch: bool = False
+    """Group this tool's calls: the calls a program starts to it before it next waits (e.g. one `asyncio.gather`)
+    run as one batch activity that runs them concurrently on the worker and returns each result or error on its
+    own. Every call keeps its id, idempotency key, call record, trace line and catchable error. For read-only
+    tools: a call whose result does not fit its batch's payload runs again on its own (see the README's
+    "Batched calls"). Options apply per call (`timeout` and `retry_policy` for each call inside the batch); a
+    batch's activity gets the time of every attempt of one call, heartbeats the results done so far, and a retry
+    after a lost worker runs only the calls not done yet. Recorded when a run starts, so changing it never changes
+    how a run replays. Refused with `local`, approvals (`requires_approval`, `approval_rule`, `approvers`),
+    `in_sandbox=False` and `heartbeat_timeout=None`."""
+
     def __post_init__(self) -> None:
         if self.timeout <= timedelta(0):
             raise CodeModeUserError(f"ToolOptions.timeout must be positive, got {self.timeout}")
@@ -100,6 +111,27 @@ class ToolOptions:
                 "ToolOptions.retry_policy.maximum_attempts is 0, which Temporal reads as 'retry forever'; "
                 "tool failures must be bounded: set a number of attempts (1 disables retries)"
             )
+        if self.batch:
+            self._check_batch()
+
+    def _check_batch(self) -> None:
+        """Refuse the options a batch cannot honour, by name (each would otherwise be silently dropped)."""
+        conflicts = [why for on, why in (
+            (self.local, "local=True (a local activity cannot heartbeat the calls a batch has done, so a retry "
+                         "would run them all again)"),
+            (self.requires_approval, "requires_approval=True (a call waiting for a person cannot share an activity "
+                                     "with calls that run at once)"),
+            (self.approval_rule is not None, "an approval_rule (some calls would wait for a person)"),
+            (self.approvers is not None, "approvers (batched calls never wait for a decision)"),
+            (self.in_sandbox is False, "in_sandbox=False (only calls from run_code programs are batched; the "
+                                       "model calls a native tool one call at a time)"),
+            (self.heartbeat_timeout is None, "heartbeat_timeout=None (a batch heartbeats the calls it has done, "
+                                             "so a retry after a lost worker skips them)"),
+        ) if on]
+        if conflicts:
+            raise CodeModeUserError(
+                f"ToolOptions(batch=True) cannot be combined with {'; nor with '.join(conflicts)}: drop batch=True "
+                "for this tool, or the conflicting option (see the README's \"Batched calls\")")
 
 
 @dataclass(frozen=True, kw_only=True)

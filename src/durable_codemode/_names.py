@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "AGENT_MEMO",
     "AGENT_SEARCH_ATTRIBUTE",
+    "BATCH_ACTIVITY",
     "COMPUTE_ACTIVITY",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
@@ -26,6 +27,7 @@ __all__ = [
     "STATUS_SEARCH_ATTRIBUTE",
     "STATUS_WAITING",
     "WORKFLOW_TYPE",
+    "batch_activity_id",
     "call_digest",
     "compute_activity_id",
     "compute_marker",
@@ -56,6 +58,10 @@ SEAL_REPL_ACTIVITY = "durable-codemode.seal_repl"
 
 COMPUTE_ACTIVITY = "durable-codemode.compute"
 """Records a stretch of compute past the in-workflow budget, computing it first if needed (`worker/_compute`)."""
+
+BATCH_ACTIVITY = "durable-codemode.tool_batch"
+"""Runs the calls of one batched tool (`ToolOptions(batch=True)`) a program had in flight at once; its input is a
+`BatchInput` naming the agent and the tool, its result one `BatchOutcome` per call."""
 
 SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
 """The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
@@ -146,3 +152,14 @@ def call_digest(tool: str, arguments: dict[str, Any]) -> str:
 def tool_activity_id(call_id: str, tool: str, arguments: dict[str, Any]) -> str:
     """The activity id of a nested or direct tool call: `<call id>-<digest of tool and arguments>`."""
     return f"{call_id}-{call_digest(tool, arguments)}"
+
+
+def batch_activity_id(call_ids: list[str], tool: str, arguments: list[dict[str, Any]]) -> str:
+    """`<first call id>+<calls>-<digest>`: a batch's activity id, with a digest of every call's id and arguments.
+
+    As for a single call (`tool_activity_id`): a replay whose program batches other calls, or the same calls with
+    other arguments, is a loud nondeterminism error instead of silently reused results.
+    """
+    text = json.dumps([tool, call_ids, [_canonical(a) for a in arguments]], sort_keys=True, default=repr,
+                      separators=(",", ":"))
+    return f"{call_ids[0]}+{len(call_ids)}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"

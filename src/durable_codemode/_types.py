@@ -26,6 +26,10 @@ from ._files import CarriedFiles, FilesSpec
 __all__ = [
     "FILE_LISTING_LIMIT",
     "AgentSpec",
+    "BatchInput",
+    "BatchOutcome",
+    "BatchResult",
+    "BatchedCall",
     "CallRecord",
     "CatalogEntry",
     "ComputeRequest",
@@ -117,6 +121,10 @@ class ToolSpec:
     """An MCP tool's argument and result schemas as the run recorded them (a short digest): each call sends it, and
     the worker refuses the call when the server now describes the tool differently. `None` for other tools (their
     schemas change only with a deploy) and in runs recorded before the field."""
+    batch: bool = False
+    """`ToolOptions.batch`: a program's calls to it in flight at once run as one batch activity (`BatchInput`).
+    Recorded, so a run's batching never follows the worker's current config: runs recorded before the field read
+    `False` and replay with one activity per call, as they ran."""
 
 
 @dataclass(kw_only=True)
@@ -414,6 +422,56 @@ class ToolCallInput:
 
 
 _TOOL_CALL_REQUIRED = frozenset({"tool", "args", "call_id"})
+
+
+@dataclass(kw_only=True)
+class BatchedCall:
+    """One call of a batch: its own id (the idempotency key the tool sees) and arguments."""
+
+    call_id: str
+    args: dict[str, Any]
+
+
+@dataclass(kw_only=True)
+class BatchInput:
+    """The input of a batch activity: calls of one batched tool a program had in flight at once.
+
+    Each call keeps what a `ToolCallInput` would give it (its id, arguments, the run's deps, shared once), and the
+    tool's per-call options ride along, so the worker runs each call as the tool's own activity would: `timeout`
+    per try, transient failures retried by `retry_policy` inside the batch.
+    """
+
+    agent: str
+    tool: str
+    calls: list[BatchedCall]
+    deps: Any = None
+    timeout: timedelta
+    """`ToolOptions.timeout`: one try of one call."""
+    retry_policy: RetryPolicy
+    """`ToolOptions.retry_policy`: the tries each call gets for transient failures (and the backoff between them)."""
+    schema_digest: str | None = None
+    """`ToolSpec.schema_digest` of an MCP tool: each call is refused when the server now describes it differently."""
+
+
+@dataclass(kw_only=True)
+class BatchOutcome:
+    """What one call of a batch came to (in `BatchResult`, and in the batch's heartbeat details)."""
+
+    call_id: str
+    kind: Literal["ok", "error", "deferred"]
+    """`ok`: `value` is the result; `error`: the call failed for good, `error_type` / `message` say how (as the
+    tool's own activity would have failed); `deferred`: it ran, but its result did not fit in the batch's payload,
+    so the workflow runs it again as its own activity (batched tools are read-only)."""
+    value: Any = None
+    error_type: str | None = None
+    message: str | None = None
+
+
+@dataclass(kw_only=True)
+class BatchResult:
+    """The result of a batch activity: one outcome per call, in the order of `BatchInput.calls`."""
+
+    outcomes: list[BatchOutcome]
 
 
 def _size(call: CallRecord) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,6 +37,7 @@ from .._approvals import (
 from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError
 from .._names import (
+    BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
@@ -326,6 +327,39 @@ def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
     return call
 
 
+def _batch_calls_of(activity: RecordedActivity, open_run: bool) -> list[TraceCall]:
+    """The calls of one batch activity, one trace line each, as if each had been its own activity.
+
+    Each keeps its call id, tool, arguments and outcome (from the batch's result, by call id); they share the
+    batch's activity id, times and attempts. A batch that failed as a whole gives each call its failure.
+    """
+    payload = activity.input if isinstance(activity.input, dict) else {}
+    tool = str(payload.get("tool") or "?")
+    outcomes: dict[str, dict[str, Any]] = {}
+    if activity.closed == "completed" and isinstance(activity.result, dict):
+        outcomes = {str(o.get("call_id")): o for o in activity.result.get("outcomes") or [] if isinstance(o, dict)}
+    calls = []
+    for item in payload.get("calls") or []:
+        if not isinstance(item, dict):
+            continue
+        single = replace(activity, input={"call_id": item.get("call_id"), "tool": tool, "args": item.get("args")},
+                         closed=activity.closed if activity.closed != "completed" else None)
+        call = _call_of(single, open_run)
+        outcome = outcomes.get(call.call_id)
+        if outcome is not None:
+            call.status, call.error, call.result = "ok", None, None
+            call.duration_s = seconds_between(activity.scheduled_at, activity.finished_at)
+            if outcome.get("kind") == "ok":
+                call.result = preview(outcome.get("value"), _PREVIEW)
+            elif outcome.get("kind") == "error":
+                call.status = "error"
+                call.error = preview(f"{outcome.get('error_type')}: {outcome.get('message')}", _PREVIEW)
+            else:  # deferred: its own activity (same call id) follows and gives the line its outcome
+                continue
+        calls.append(call)
+    return calls
+
+
 def _returns(messages: Sequence[ModelMessage]) -> dict[str, ToolReturnPart]:
     """The tool returns of the last request of a conversation, by tool call id."""
     for message in reversed(messages):
@@ -376,7 +410,8 @@ class _Assembler:
         checks = {a.summary.removeprefix(OUTPUT_CHECK_SUMMARY): a for a in parsed.activities
                   if a.activity_type == OUTPUT_ACTIVITY and a.summary and a.summary.startswith(OUTPUT_CHECK_SUMMARY)}
         output_tools = parsed.spec.output.tool_names if parsed.spec and parsed.spec.output else frozenset()
-        calls = [_call_of(a, open_run) for a in tools if a.activity_type != COMPUTE_ACTIVITY]
+        calls = [c for a in tools if a.activity_type != COMPUTE_ACTIVITY for c in (
+            _batch_calls_of(a, open_run) if a.activity_type == BATCH_ACTIVITY else [_call_of(a, open_run)])]
         computes = [(a.activity_id, a.result if isinstance(a.result, dict) else {})
                     for a in tools if a.activity_type == COMPUTE_ACTIVITY]
         base = len(parsed.input.continuation.turns) if parsed.input.continuation else 0

@@ -34,7 +34,7 @@ from temporalio.runtime import Runtime
 
 from .._config import SnippetLimits
 from .._errors import CodeModeUserError
-from .._names import MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
+from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
 from .._results import preview
 from .._storage import env_stores, resolve_history
 from ..worker._agent import CodeModeAgent
@@ -251,6 +251,12 @@ def _recorded_side(activity: RecordedActivity, trace: RunTrace) -> CallSide:
         return CallSide(what=f"model request (turn {index})", activity_type=activity.activity_type,
                         activity_id=activity.activity_id, event_id=activity.event_id)
     payload = activity.input if isinstance(activity.input, dict) else {}
+    if activity.activity_type == BATCH_ACTIVITY:  # one activity for several calls: name them all
+        ids = [str(c.get("call_id")) for c in payload.get("calls") or [] if isinstance(c, dict)]
+        tool = str(payload.get("tool") or "?")
+        return CallSide(what=f"a batch of {len(ids)} {tool}() calls ({', '.join(ids[:3])}{', …' * (len(ids) > 3)})",
+                        call_id=ids[0] if ids else None, tool=tool, activity_type=activity.activity_type,
+                        activity_id=activity.activity_id, event_id=activity.event_id)
     call_id = str(payload.get("call_id") or activity.activity_id.rsplit("-", 1)[0])
     tool = str(payload.get("tool") or activity.activity_type.rsplit(".", 1)[-1])
     args = payload.get("args") if isinstance(payload.get("args"), dict) else None

@@ -13,8 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic import ValidationError
-from pydantic_ai import ModelRetry
 from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import ModelResponse
 from pydantic_core import to_json
@@ -24,9 +22,10 @@ from temporalio.exceptions import ApplicationError
 
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
-from .._errors import AgentNotFoundError, CodeModeUserError, TransientToolError
+from .._errors import AgentNotFoundError, CodeModeUserError
 from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
+    BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
@@ -35,6 +34,8 @@ from .._names import (
 )
 from .._types import (
     AgentSpec,
+    BatchInput,
+    BatchResult,
     ComputeRequest,
     ComputeResult,
     ModelRequestInput,
@@ -44,30 +45,14 @@ from .._types import (
 )
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority
+from ._batch import run_batch
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
+from ._failures import TRANSIENT, message_of, tool_failure
 from ._heartbeat import heartbeating
 from ._seal import monty_version, seal
 
 __all__ = ["CodeModeActivities"]
-
-_TRANSIENT: tuple[type[BaseException], ...] = (TransientToolError, ConnectionError)
-"""Tool exceptions that are retried within the tool's retry policy; every other exception is final."""
-
-
-def _message(error: BaseException) -> str:
-    # str(KeyError('x')) is "'x'": show the message the tool wrote.
-    if isinstance(error, KeyError) and len(error.args) == 1 and isinstance(error.args[0], str):
-        return error.args[0]
-    return str(error) or type(error).__name__
-
-
-def _validation_message(tool: str, error: ValidationError) -> str:
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in error.errors(include_url=False)
-    )
-    return f"invalid arguments for {tool}(): {problems}"
-
 
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
@@ -105,7 +90,7 @@ class CodeModeActivities:
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
         return [self.describe_agent, self.model_request, self.check_output, self.seal_repl, self.compute,
-                self.run_tool]
+                self.run_tool, self.run_batch]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
@@ -176,13 +161,13 @@ class CodeModeActivities:
             return await heartbeating(agent.check_output(
                 input.messages, input.response, retries=input.retries, deps=input.deps,
                 model_settings=input.model_settings))
-        except _TRANSIENT as e:
-            raise ApplicationError(_message(e), type=type(e).__name__) from e
+        except TRANSIENT as e:
+            raise ApplicationError(message_of(e), type=type(e).__name__) from e
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except Exception as e:
             raise ApplicationError(f"the output of agent {input.agent!r} could not be checked: "
-                                   f"{type(e).__name__}: {_message(e)}", type=type(e).__name__,
+                                   f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
                                    non_retryable=True) from e
 
     @activity.defn(dynamic=True)
@@ -204,27 +189,35 @@ class CodeModeActivities:
                 result = await heartbeating(
                     agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt,
                                     deps=payload.deps, recorded_schema=payload.schema_digest))
-            except _TRANSIENT as e:
-                raise ApplicationError(_message(e), type=type(e).__name__) from e
-            except ValidationError as e:
-                raise ApplicationError(_validation_message(tool_name, e), type="ValueError",
-                                       non_retryable=True) from e
-            except ModelRetry as e:
-                raise ApplicationError(e.message, type="ModelRetry", non_retryable=True) from e
             except Exception as e:
-                raise ApplicationError(_message(e), type=type(e).__name__, non_retryable=True) from e
+                raise tool_failure(tool_name, e) from e
         self._check_result_size(agent, tool_name, result)
         return result
 
-    def _check_result_size(self, agent: CodeModeAgent, tool: str, result: Any) -> None:
-        # Without a payload store, a result over 2 MiB could not be recorded at all; refusing it here, below
-        # that, gives the program an error it can act on instead of the SDK's payload error.
+    @activity.defn(name=BATCH_ACTIVITY)
+    async def run_batch(self, input: BatchInput) -> BatchResult:
+        """Run the calls of one batch concurrently, each as its tool's own activity would (see `_batch`)."""
+        try:
+            agent = self.agent(input.agent)
+        except AgentNotFoundError as e:
+            raise ApplicationError(str(e), type="AgentNotFoundError", non_retryable=True) from e
+        limit = agent.limits.max_tool_result_bytes
+        budget = None if self._payload_store else limit or AUTOMATIC_PAYLOAD_LIMIT_BYTES
+        return await run_batch(agent, input, check_result=lambda result: self._check_result_size(
+            agent, input.tool, result), result_budget=budget)
+
+    def _check_result_size(self, agent: CodeModeAgent, tool: str, result: Any) -> int:
+        """The result's JSON size; raises when over the limit for one tool result.
+
+        Without a payload store, a result over 2 MiB could not be recorded at all; refusing it here, below
+        that, gives the program an error it can act on instead of the SDK's payload error.
+        """
+        size = len(to_json(result))
         limit = agent.limits.max_tool_result_bytes
         if limit is None:
             if self._payload_store:
-                return
+                return size
             limit = AUTOMATIC_PAYLOAD_LIMIT_BYTES
-        size = len(to_json(result))
         if size > limit:
             raise ApplicationError(
                 f"{tool}() returned {size:,} bytes of JSON, over the {limit:,}-byte limit for one tool result "
@@ -232,4 +225,5 @@ class CodeModeActivities:
                 "less per call (a page, a filter, a summary).",
                 type="RuntimeError", non_retryable=True,
             )
+        return size
 

@@ -401,6 +401,11 @@ class CodeModeAgent:
             in_sandbox = self._in_sandbox(tool.tool_def, options)
             (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
             requires_approval = options.requires_approval or tool.tool_def.kind == "unapproved"
+            if options.batch and requires_approval:
+                raise CodeModeUserError(
+                    f"tool {tool_name!r} of agent {self.name!r} has ToolOptions(batch=True) but needs approval "
+                    "(pydantic-ai's requires_approval=True on the tool): a call waiting for a person cannot share a "
+                    "batch with calls that run at once; drop batch=True for it, or its requires_approval")
             specs.append(ToolSpec(name=tool_name, activity_type=tool_activity_type(self.name, tool_name),
                                   in_sandbox=in_sandbox, timeout=options.timeout,
                                   retry_policy=options.retry_policy, local=options.local,
@@ -410,7 +415,7 @@ class CodeModeAgent:
                                   heartbeat_timeout=options.heartbeat_timeout,
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
-                                  max_retries=tool.max_retries,
+                                  max_retries=tool.max_retries, batch=options.batch and in_sandbox,
                                   schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None))
         stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None

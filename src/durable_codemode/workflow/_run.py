@@ -12,7 +12,7 @@ import asyncio
 import hmac
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         bound_turns,
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
+    from ._batch import ToolBatcher
     from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
@@ -107,13 +108,18 @@ _SANDBOX_EXCEPTIONS = frozenset({
 })
 
 
+def _raised(name: str | None, message: str) -> Settled:
+    """The exception a program gets for a tool failure of type `name` (the same for single and batched calls)."""
+    name = name or "RuntimeError"
+    if name in _SANDBOX_EXCEPTIONS:
+        return {"exc_type": name, "message": message}
+    return {"exc_type": "RuntimeError", "message": f"{name}: {message}"}
+
+
 def _tool_error(tool: str, error: ActivityError) -> Settled:
     cause = error.cause
     if isinstance(cause, ApplicationError):
-        name = cause.type or "RuntimeError"
-        if name in _SANDBOX_EXCEPTIONS:
-            return {"exc_type": name, "message": cause.message}
-        return {"exc_type": "RuntimeError", "message": f"{name}: {cause.message}"}
+        return _raised(cause.type, cause.message)
     if isinstance(cause, TemporalTimeoutError):
         return {"exc_type": "TimeoutError", "message": f"{tool}() timed out, and retries did not help"}
     if isinstance(cause, CancelledError):
@@ -243,6 +249,7 @@ class CodeModeRunWorkflow:
             cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
         self._spec = spec = cont.spec
         self._deps = input.deps
+        self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._output_retries = cont.output_retries
         self._tool_retries = dict(cont.tool_retries)
@@ -546,20 +553,36 @@ class CodeModeRunWorkflow:
                                 schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"
+        settled: Settled
+        if spec.batch and spec.in_sandbox and approval is None:
+            answer = await self._batcher.submit(spec, call_id, args)
+            if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
+                if isinstance(answer, ActivityError):
+                    settled, status = _tool_error(tool, answer), "error"
+                elif answer.kind == "ok":
+                    settled = {"return_value": answer.value}
+                else:
+                    settled, status = _raised(answer.error_type, answer.message or ""), "error"
+                return settled, self._record(call_id, tool, args, settled, status, started)
         try:
             if spec.local:
                 value = await workflow.execute_local_activity(spec.activity_type, payload, **options)
             else:
                 value = await workflow.execute_activity(spec.activity_type, payload, **options)
-            settled: Settled = {"return_value": value}
+            settled = {"return_value": value}
         except ActivityError as e:
             settled, status = _tool_error(tool, e), "error"
         except asyncio.CancelledError:
             raise
+        return settled, self._record(call_id, tool, args, settled, status, started)
+
+    @staticmethod
+    def _record(call_id: str, tool: str, args: dict[str, Any], settled: Settled, status: Any,
+                started: datetime) -> CallRecord:
         result = preview(settled.get("return_value")) if status == "ok" else (
             f"{settled['exc_type']}: {settled.get('message', '')}")
-        return settled, CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
-                                   started_at=started, finished_at=workflow.now())
+        return CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
+                          started_at=started, finished_at=workflow.now())
 
     async def _seal(self, request: SealRequest) -> SealResult:
         result: SealResult = await workflow.execute_local_activity(
