@@ -124,7 +124,7 @@ async def test_transient_failure_is_retried_inside_the_batch_alone(client: Clien
     # no other call ran again.
     assert tools_of(await scheduled(handle)) == ["batch", "batch"]
     assert sorted(a for t, a in effects.calls if t == "flaky") == [1, 1, 2, 3]
-    assert [a for t, a in effects.calls if t == "get"] == [1, 2]
+    assert sorted(a for t, a in effects.calls if t == "get") == [1, 2]  # concurrent: in either order
     await replay(handle)
 
 
