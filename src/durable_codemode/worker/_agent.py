@@ -418,7 +418,8 @@ class CodeModeAgent:
 
         # Asking pydantic-ai what it would send the model resolves static and dynamic instructions (and system
         # prompts, static and from `@agent.system_prompt` functions, with the run's deps) and the output tools
-        # exactly as an ordinary run does, using only its public API.
+        # exactly as an ordinary run does, using its public API (`probing` masks the run and model-request hooks,
+        # which run once, where they belong, through a private override slot pinned by tests/test_compat.py).
         try:
             with probing(self.agent):
                 await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
