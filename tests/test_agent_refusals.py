@@ -24,8 +24,14 @@ def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() ->
     async def start(ctx):  # type: ignore[no-untyped-def]
         pass
 
-    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks \(Hooks: before_run; .*only "
-                                                r"tool and output hooks are applied\).*agent\.run\(\)"):
+    assert CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks])).name == "hooked"  # before_run: applied
+
+    @hooks.on.after_run
+    async def end(ctx, *, result):  # type: ignore[no-untyped-def]
+        return result
+
+    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks: Hooks\.after_run \(.*made in "
+                                                r"workflow code.*model-request hooks.*agent\.run\(\)"):
         CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks]))
 
 

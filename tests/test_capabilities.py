@@ -1,23 +1,30 @@
-"""pydantic-ai capabilities on a durable run: tool hooks and output hooks fire where `agent.run()` fires them.
+"""pydantic-ai capabilities on a durable run: each hook fires where `agent.run()` fires it, or is refused by name.
 
 Each tool call, from a program or made by the model directly, runs in its activity through pydantic-ai's own
 `ToolManager`, so a capability's tool hooks see the call with its `RunContext` (the run's deps, the nested call's
-id); each candidate answer goes through pydantic-ai's output processing, with the output hooks. Hooks of
-pydantic-ai's run loop, which a durable run does not drive, are refused by name.
+id); each candidate answer goes through pydantic-ai's output processing, with the output hooks; each model request
+goes through the model-request hooks in the model activity (`ProcessHistory` among them, whose rewritten history
+the run adopts); `before_run` runs once, at the run's start, in the describe activity. The other hooks of
+pydantic-ai's run loop, which a durable run does not drive, are refused by name with the reason.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
-from pydantic_ai.capabilities import AbstractCapability, Hooks
-from temporalio.client import Client
+from pydantic_ai.capabilities import AbstractCapability, Hooks, ProcessHistory
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from temporalio.client import Client, WorkflowFailureError
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, run_result, start_run
+from durable_codemode._types import ModelRequestInput
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,
@@ -118,19 +125,151 @@ async def test_output_hooks_fire_on_the_answer(client: Client) -> None:
     await replay(handle)
 
 
-class _RunLogger(AbstractCapability[Any]):
-    async def before_run(self, ctx: RunContext[Any]) -> None:
-        pass
-
-
-def test_hooks_of_the_run_loop_are_refused_by_name() -> None:
+async def test_model_request_hooks_run_in_the_model_activity_with_the_runs_context(client: Client) -> None:
+    seen: list[tuple[str, int, int, int]] = []
     hooks = Hooks()
 
     @hooks.on.before_model_request
-    async def log(ctx: RunContext[None], request_context: Any) -> Any:
+    async def note(ctx: RunContext[Tenant], request_context: ModelRequestContext) -> ModelRequestContext:
+        seen.append((ctx.deps.tenant, len(ctx.messages), ctx.run_step, ctx.usage.requests))
+        # Request-only: the model sees the reminder, the run's history does not keep it.
+        request_context.messages = [*request_context.messages, ModelRequest(parts=[UserPromptPart("be terse")])]
         return request_context
 
-    with pytest.raises(CodeModeUserError, match=r"'cap-refused' declares capability hooks \(Hooks: before_model_req"):
+    @hooks.on.after_model_request
+    async def shout(ctx: RunContext[Tenant], *, request_context: ModelRequestContext,
+                    response: ModelResponse) -> ModelResponse:
+        return ModelResponse(parts=[TextPart(p.content.upper()) if isinstance(p, TextPart) else p
+                                    for p in response.parts], usage=response.usage)
+
+    def reminded(messages: list[ModelMessage]) -> str:
+        last = messages[-1]
+        assert isinstance(last, ModelRequest) and last.parts[0].content == "be terse"
+        return f"stock: {last_result(messages[:-1])}"
+
+    agent = Agent(scripted_model(RunCode("await stock(sku='abc')"), reminded), name="cap-model", deps_type=Tenant,
+                  capabilities=[hooks])
+
+    @agent.tool_plain
+    def stock(sku: str) -> int:
+        """Units of `sku` in stock."""
+        return len(sku)
+
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"))
+        result = await handle.result()
+    assert result.output.startswith("STOCK: ") and "3" in result.output  # after_model_request's version
+    # Once per request, never in the worker's probing runs (describe, the output check): deps, the run's history
+    # (the prompt; then prompt, run_code call, its result), the run step and the usage so far.
+    assert seen == [("acme", 1, 1, 0), ("acme", 3, 2, 1)]
+    await replay(handle)
+
+
+def _drop_old(messages: list[ModelMessage]) -> list[ModelMessage]:
+    """A history processor: the first request (the task) and the last request only."""
+    return [messages[0], messages[-1]] if len(messages) > 2 else messages
+
+
+async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(client: Client) -> None:
+    sizes: list[int] = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        sizes.append(len(messages))
+        last = messages[-1]
+        assert isinstance(last, ModelRequest)
+        done = sum(isinstance(p, UserPromptPart) for m in messages if isinstance(m, ModelRequest) for p in m.parts)
+        returned = [(p.content if isinstance(p.content, dict) else json.loads(p.content))["result"]
+                    for p in last.parts if getattr(p, "part_kind", "") == "tool-return"]
+        if returned and returned[0] >= 3:
+            return ModelResponse(parts=[TextPart(f"counted to {returned[0]} seeing {done}")])
+        count = returned[0] + 1 if returned else 1
+        return ModelResponse(parts=[ToolCallPart("run_code", {"code": f"{count}"}, tool_call_id=f"c{count}")])
+
+    agent = Agent(FunctionModel(respond), name="cap-history", capabilities=[ProcessHistory(_drop_old)])
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "count to 3", task_queue=tq)
+        result = await handle.result()
+    # Unprocessed, the model would see 1, 3, 5, 7 messages; processed, never more than the task and the last request.
+    assert sizes == [1, 2, 2, 2]
+    assert result.output == "counted to 3 seeing 1"
+    # The run adopted the processed history, as pydantic-ai's does: each request carries it, not the whole run.
+    history = await handle.fetch_history()
+    sent = [client.data_converter.payload_converter.from_payload(
+                e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput).messages
+            for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
+    assert [len(m) for m in sent] == [1, 3, 4, 4]  # not adopted: [1, 3, 5, 7]
+    await replay(handle)
+
+
+async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or_tool(client: Client) -> None:
+    asked: list[str] = []
+    called: list[str] = []
+    hooks = Hooks()
+
+    @hooks.on.before_run
+    async def guard(ctx: RunContext[Tenant]) -> None:
+        asked.append(f"{ctx.deps.tenant}: {ctx.prompt}")
+        if "password" in str(ctx.prompt):
+            raise PermissionError("prompts asking for passwords are refused")
+
+    def model(messages: list[ModelMessage]) -> str:
+        called.append("model")
+        return "ok"
+
+    agent = Agent(scripted_model(model), name="cap-guard", deps_type=Tenant, capabilities=[hooks])
+
+    @agent.tool_plain
+    def secret() -> str:
+        """A tool the guardrail protects."""
+        called.append("secret")
+        return "hunter2"
+
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        blocked = await start_run(client, cm, "tell me the admin password", task_queue=tq, deps=Tenant("acme"))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await blocked.result()
+        allowed = await start_run(client, cm, "hello", task_queue=tq, deps=Tenant("acme"))
+        assert (await allowed.result()).output == "ok"
+    cause = failure.value.cause.cause  # the describe activity's failure
+    assert getattr(cause, "type", None) == "GuardrailError"
+    assert "a before_run hook of agent 'cap-guard' stopped the run before it started: PermissionError: prompts " \
+           "asking for passwords are refused" in str(cause)
+    # Once per run, with its prompt and deps; the blocked run asked no model and called no tool.
+    assert asked == ["acme: tell me the admin password", "acme: hello"] and called == ["model"]
+    await replay(blocked)
+    await replay(allowed)
+
+
+class _RunWrapper(AbstractCapability[Any]):
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
+        return await handler()
+
+
+def test_hooks_of_the_run_loop_are_refused_by_name_with_the_reason() -> None:
+    hooks = Hooks()
+
+    @hooks.on.before_node_run
+    async def log(ctx: RunContext[None], *, node: Any) -> Any:
+        return node
+
+    with pytest.raises(CodeModeUserError, match=r"'cap-refused' declares capability hooks: Hooks\.before_node_run "
+                                                r"\(a durable run's loop is its workflow, not pydantic-ai's agent "
+                                                r"graph: there are no graph nodes to observe\)"):
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[hooks]))
-    with pytest.raises(CodeModeUserError, match=r"_RunLogger: before_run"):
-        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[_RunLogger()]))
+    with pytest.raises(CodeModeUserError, match=r"_RunWrapper\.wrap_run \(.*may outlive it"):
+        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[_RunWrapper()]))
+    prepare = Hooks()
+
+    @prepare.on.prepare_tools
+    async def hide(ctx: RunContext[None], tool_defs: list[Any]) -> list[Any]:
+        return tool_defs
+
+    with pytest.raises(CodeModeUserError, match=r"Hooks\.prepare_tools \(the tools a run offers are recorded once"):
+        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[prepare]))

@@ -150,3 +150,59 @@ def test_the_pydantic_monty_surface_we_read_is_there() -> None:
     assert callable(find_monty_binary)
     assert {"max_turn_duration_secs", "max_feed_duration_secs", "max_memory"} <= set(ResourceLimits.__annotations__)
     assert "request_timeout" in inspect.signature(Monty).parameters
+
+
+async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
+    """What `_capabilities` calls to run hooks where `agent.run()` runs them (private names pinned).
+
+    An upgrade that moves one fails here instead of silently skipping a hook.
+    """
+    import inspect
+    from contextvars import ContextVar
+
+    from pydantic_ai import Agent
+    from pydantic_ai._utils import Some
+    from pydantic_ai.capabilities import (
+        AbstractCapability,
+        CombinedCapability,
+        Hooks,
+        ProcessHistory,
+        WrapperCapability,
+    )
+    from pydantic_ai.exceptions import SkipModelRequest
+    from pydantic_ai.messages import RetryFeedbackPart, RetryInfo
+    from pydantic_ai.models import ModelRequestContext
+
+    from durable_codemode.worker._capabilities import APPLIED_HOOKS, REFUSED_HOOKS, _hook_names
+
+    # Every hook of AbstractCapability is either applied or refused with a reason (a new hook fails here).
+    unaccounted = _hook_names() - APPLIED_HOOKS - set(REFUSED_HOOKS)
+    assert not unaccounted, sorted(unaccounted)
+    # The hook signatures `request_through_hooks` and `_Quiet` call and override.
+    signatures = {name: list(inspect.signature(getattr(AbstractCapability, name)).parameters) for name in (
+        "before_model_request", "prepare_model_request", "after_model_request", "wrap_model_request",
+        "on_model_request_error", "before_run", "after_run", "wrap_run", "on_run_error")}
+    assert signatures == {
+        "before_model_request": ["self", "ctx", "request_context"],
+        "prepare_model_request": ["self", "ctx", "request_context"],
+        "after_model_request": ["self", "ctx", "request_context", "response"],
+        "wrap_model_request": ["self", "ctx", "request_context", "handler"],
+        "on_model_request_error": ["self", "ctx", "request_context", "error"],
+        "before_run": ["self", "ctx"],
+        "after_run": ["self", "ctx", "result"],
+        "wrap_run": ["self", "ctx", "handler"],
+        "on_run_error": ["self", "ctx", "error"],
+    }
+    assert [f for f in ("model", "messages", "model_settings", "model_request_parameters")
+            if f not in ModelRequestContext.__dataclass_fields__] == []
+    assert SkipModelRequest.__init__ is not Exception.__init__ and RetryFeedbackPart and RetryInfo
+    assert issubclass(ProcessHistory, AbstractCapability) and "before_model_request" in vars(ProcessHistory)
+    # The override slot `probing` sets (private): a ContextVar of `Some(CombinedCapability)` that runs read.
+    agent = Agent("test", capabilities=[Hooks()])
+    assert isinstance(agent._override_root_capability, ContextVar)
+    assert agent._effective_root_capability() is agent.root_capability  # type: ignore[attr-defined]
+    quiet = CombinedCapability(list(agent.root_capability.capabilities))
+    token = agent._override_root_capability.set(Some(quiet))
+    assert agent._effective_root_capability() is quiet  # type: ignore[attr-defined]
+    agent._override_root_capability.reset(token)
+    assert WrapperCapability.__dataclass_fields__["wrapped"]

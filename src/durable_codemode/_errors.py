@@ -5,6 +5,7 @@ CodeModeError
 ├── CodeModeUserError        the library was used wrongly (bad configuration, unknown agent); fix the code
 ├── AgentNotFoundError       a run names an agent this worker does not serve
 ├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
+├── GuardrailError           a capability's before_run hook stopped a run at its start (the hook's error is the cause)
 ├── RunNotFoundError         no run with that id on the server
 ├── WorkerUnavailableError   no worker answered for a run in time (a query or a decision)
 └── TransientToolError       raised by a tool: retry me within the tool's retry policy
@@ -18,6 +19,7 @@ __all__ = [
     "AgentNotFoundError",
     "CodeModeError",
     "CodeModeUserError",
+    "GuardrailError",
     "InvalidRunInputError",
     "RunNotFoundError",
     "TransientToolError",
@@ -44,6 +46,13 @@ class AgentNotFoundError(CodeModeUserError):
         )
         self.name = name
         self.known = known
+
+
+class GuardrailError(CodeModeError):
+    """A capability's `before_run` hook raised at the start of a run.
+
+    The run ends there, before any model request or tool call, with the hook's message (not retried).
+    """
 
 
 class InvalidRunInputError(CodeModeUserError, ValueError):

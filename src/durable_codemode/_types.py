@@ -36,6 +36,7 @@ __all__ = [
     "ComputeResult",
     "Continuation",
     "ModelRequestInput",
+    "ModelStep",
     "OutputInput",
     "OutputSpec",
     "OutputVerdict",
@@ -240,6 +241,11 @@ class AgentSpec:
     one line per tool and programs may call `search_tools` / `describe_tool`, answered from these entries.
     `None`: the description carries every stub and programs have no catalog functions (every small agent, and
     every run recorded before the field)."""
+    model_request_hooks: bool = False
+    """Whether the agent's capabilities have model-request hooks (`before_model_request`, `ProcessHistory`, ...):
+    the model activity then runs them around the model call and answers a `ModelStep` (the response, and the
+    history when a hook rewrote it), which the run adopts. `False`: no such hooks, or a run recorded before they
+    were applied: the activity answers a bare `ModelResponse`, as every such run recorded."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -370,6 +376,27 @@ class ModelRequestInput:
     """The run's own model settings (`RunInput.model_settings`), merged over the agent's."""
     output: OutputSpec | None = None
     """The recorded output spec (`AgentSpec.output`): what output the model is asked for."""
+    hooks: bool = False
+    """Run the capabilities' model-request hooks around the call and answer a `ModelStep`
+    (`AgentSpec.model_request_hooks`); `False`: call the model alone and answer its `ModelResponse`."""
+    usage: RunUsage | None = None
+    """The run's usage before this request (`ctx.usage` of the hooks); sent only with `hooks`."""
+    run_step: int = 0
+    """The request's step in the run, from 1 (`ctx.run_step` of the hooks, as pydantic-ai counts requests)."""
+
+
+@dataclass(kw_only=True)
+class ModelStep:
+    """What the model activity answers when it runs model-request hooks (`ModelRequestInput.hooks`)."""
+
+    response: ModelResponse | None
+    """The response the run goes on with (the model's, or one a hook gave: `SkipModelRequest`,
+    `on_model_request_error`); `None` when a hook raised `ModelRetry`: then `retry` is the next request."""
+    messages: list[ModelMessage] | None = None
+    """The run's history as the hooks left it (`ProcessHistory` writes the processed history back, as in
+    `agent.run()`), ending with the request; `None`: the hooks left it alone (the usual case: nothing recorded)."""
+    retry: ModelRequest | None = None
+    """The retry request a hook's `ModelRetry` asks for (pydantic-ai's `RetryFeedbackPart`)."""
 
 
 @dataclass(kw_only=True)

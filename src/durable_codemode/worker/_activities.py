@@ -22,7 +22,7 @@ from temporalio.exceptions import ApplicationError
 
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
-from .._errors import AgentNotFoundError, CodeModeUserError
+from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError
 from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
     BATCH_ACTIVITY,
@@ -39,6 +39,7 @@ from .._types import (
     ComputeRequest,
     ComputeResult,
     ModelRequestInput,
+    ModelStep,
     OutputInput,
     OutputVerdict,
     ToolCallInput,
@@ -94,16 +95,19 @@ class CodeModeActivities:
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
-                             model: str | None = None, instructions: str | None = None) -> AgentSpec:
+                             model: str | None = None, instructions: str | None = None,
+                             prompt: str | None = None) -> AgentSpec:
         """Record the agent's spec at the start of a run (with its deps: dynamic instructions and tools see them).
 
         The run's model is built here first: a missing key or unknown model fails the run at its first step, not
         retried. (`model` comes last, with a default: runs started before it was passed schedule three arguments.)
+        The agent's `before_run` hooks see the run's `prompt` here; a guardrail that raises fails the run, not
+        retried (`GuardrailError`).
         """
         try:
             spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model, authority=self._authority,
-                                                   instructions=instructions)
-        except CodeModeUserError as e:
+                                                   instructions=instructions, prompt=prompt)
+        except (CodeModeUserError, GuardrailError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:
             # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
@@ -132,14 +136,21 @@ class CodeModeActivities:
                           monty_version=mine)
 
     @activity.defn(name=MODEL_REQUEST_ACTIVITY)
-    async def model_request(self, input: ModelRequestInput) -> ModelResponse:
+    async def model_request(self, input: ModelRequestInput) -> ModelResponse | ModelStep:
         """One request to the agent's model (or the run's override), heartbeating while it waits.
 
+        With `input.hooks`, the agent's model-request hooks run around it and the answer is a `ModelStep` (see
+        `CodeModeAgent.request_step`); they may do I/O, and a retry of the activity runs them again.
         A model that cannot work (no key, unknown, package missing) and pydantic-ai's `UserError` are final; HTTP
         errors are retried unless they are client errors that would fail the same way again.
         """
+        agent = self.agent(input.agent)
         try:
-            return await heartbeating(self.agent(input.agent).request(
+            if input.hooks:
+                return await heartbeating(agent.request_step(
+                    input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
+                    output=input.output, usage=input.usage, run_step=input.run_step))
+            return await heartbeating(agent.request(
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
                 output=input.output))
         except (CodeModeUserError, UserError) as e:

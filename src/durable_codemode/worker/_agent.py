@@ -16,8 +16,8 @@ from typing import Any, Union, cast
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, CallToolsNode, RunContext
 from pydantic_ai._output import types_from_output_spec
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
-from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
+from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings, merge_model_settings
@@ -30,15 +30,23 @@ from pydantic_graph import End
 from .._approvals import RecordedApproverPolicy
 from .._catalog import CATALOG_FUNCTIONS
 from .._config import CatalogSettings, SnippetLimits, ToolOptions
-from .._errors import CodeModeUserError
+from .._errors import CodeModeUserError, GuardrailError
 from .._files import RunFiles
 from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import estimate_tokens, index_section, render_tool_stubs, run_code_tool_definition, tool_summary
-from .._types import AgentSpec, CatalogEntry, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
+from .._types import AgentSpec, CatalogEntry, ModelStep, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
-from ._capabilities import call_through_hooks, extra_capabilities, unapplied_hooks
+from ._capabilities import (
+    call_through_hooks,
+    extra_capabilities,
+    has_model_request_hooks,
+    probing,
+    request_through_hooks,
+    run_before_run,
+    unapplied_hooks,
+)
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
 
@@ -47,8 +55,8 @@ __all__ = ["CodeModeAgent", "ToolSelector"]
 
 def _unsupported(agent: Agent[Any, Any]) -> list[str]:
     """What `agent` declares that a durable run would not apply, by name (refused, never silently dropped)."""
-    found = [f"capability hooks ({'; '.join(unapplied)}; of a capability's hooks only tool and output hooks are "
-             "applied)" for unapplied in [unapplied_hooks(agent)] if unapplied]
+    found = [f"capability hooks: {'; '.join(unapplied)} (a durable run applies a capability's tool, output and "
+             "model-request hooks, ProcessHistory among them)" for unapplied in [unapplied_hooks(agent)] if unapplied]
     if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
@@ -87,6 +95,16 @@ def _output_spec(agent: Agent[Any, Any], info: AgentInfo) -> OutputSpec | None:
                       prompted_template=template if isinstance(template, str) else None,
                       allows_text=schema.allows_text, allows_image=schema.allows_image,
                       structured_text=schema.mode in ("native", "prompted"), end_strategy=agent.end_strategy)
+
+
+def _last_prompt(messages: list[ModelMessage]) -> Any:
+    """The run's latest user prompt (`ctx.prompt`), as pydantic-ai keeps it for the run."""
+    for message in reversed(messages):
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, UserPromptPart):
+                    return part.content
+    return None
 
 
 def _set_output_tool_retries(manager: Any, retries: int) -> None:
@@ -189,7 +207,8 @@ class CodeModeAgent:
 
         Raises:
             CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
-                (tool and output hooks are applied); `max_concurrency` or `metadata`; `DeferredToolRequests` output;
+                other than tool, output and model-request hooks (each named, with why); `max_concurrency` or
+                `metadata`; `DeferredToolRequests` output;
                 or options for a tool name that does not exist, or a tool named `run_code`, `search_tools` or
                 `describe_tool` (checked when the worker starts).
 
@@ -217,6 +236,8 @@ class CodeModeAgent:
         self.catalog = catalog or CatalogSettings()
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
+        self._model_hooked = has_model_request_hooks(agent)
+        """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
     def __repr__(self) -> str:
@@ -366,7 +387,7 @@ class CodeModeAgent:
 
     async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
                        model: str | None = None, authority: ApprovalAuthority | None = None,
-                       instructions: str | None = None) -> AgentSpec:
+                       instructions: str | None = None, prompt: str | None = None) -> AgentSpec:
         """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
 
         Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`). The run's model
@@ -374,19 +395,35 @@ class CodeModeAgent:
         With the worker's approval `authority`, tools' approver policies are recorded with their groups resolved,
         and a run whose calls could never be approved on this worker is refused. The run's own `instructions` are
         added to the agent's, as `Agent.run(instructions=...)` adds them.
+
+        The capabilities' `before_run` hooks run here, first, with the run's prompt and deps: this is the run's
+        start, before any model request or tool call, so a guardrail that raises ends the run there (and once:
+        a continued run does not describe again).
+
+        Raises:
+            GuardrailError: a `before_run` hook raised (its exception is the cause).
+
         """
-        self.resolve_model(model)
+        chosen = self.resolve_model(model)
         deps = self.run_deps(raw_deps, type_name=deps_type)
+        try:
+            await run_before_run(self.agent, replace(self._run_context(deps=deps), model=chosen, prompt=prompt,
+                                                     run_step=0))
+        except Exception as e:
+            raise GuardrailError(f"a before_run hook of agent {self.name!r} stopped the run before it started: "
+                                 f"{type(e).__name__}: {e}") from e
 
         def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
             raise _Probed(messages, info)
 
         # Asking pydantic-ai what it would send the model resolves static and dynamic instructions (and system
         # prompts, static and from `@agent.system_prompt` functions, with the run's deps) and the output tools
-        # exactly as an ordinary run does, using only its public API.
+        # exactly as an ordinary run does, using its public API (`probing` masks the run and model-request hooks,
+        # which run once, where they belong, through a private override slot pinned by tests/test_compat.py).
         try:
-            await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
-                                 instructions=instructions)
+            with probing(self.agent):
+                await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
+                                     instructions=instructions)
             raise AssertionError("the probing run ended without a model request")
         except _Probed as probed:
             info = probed.info
@@ -443,6 +480,7 @@ class CodeModeAgent:
             sandbox_guards=True,
             compute_escalation=True,
             records_type_check_rejections=True,
+            model_request_hooks=self._model_hooked,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
             files=files,
@@ -501,14 +539,38 @@ class CodeModeAgent:
         recorded output spec says what output to ask for (the model resolves `auto` and prompted instructions).
         """
         model = self.resolve_model(override)
+        return await model.request(messages, self._settings(deps, model_settings), self._parameters(tools, output))
+
+    @staticmethod
+    def _parameters(tools: list[ToolDefinition], output: OutputSpec | None) -> ModelRequestParameters:
         if output is None:
-            params = ModelRequestParameters(function_tools=tools, allow_text_output=True)
-        else:
-            params = ModelRequestParameters(
-                function_tools=tools, output_mode=cast(Any, output.mode), output_tools=output.tools,
-                output_object=output.object_def, prompted_output_template=output.prompted_template,
-                allow_text_output=output.allows_text, allow_image_output=output.allows_image)
-        return await model.request(messages, self._settings(deps, model_settings), params)
+            return ModelRequestParameters(function_tools=tools, allow_text_output=True)
+        return ModelRequestParameters(
+            function_tools=tools, output_mode=cast(Any, output.mode), output_tools=output.tools,
+            output_object=output.object_def, prompted_output_template=output.prompted_template,
+            allow_text_output=output.allows_text, allow_image_output=output.allows_image)
+
+    async def request_step(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition],
+                           *, deps: Any = None, model_settings: Mapping[str, Any] | None = None,
+                           output: OutputSpec | None = None, usage: RunUsage | None = None,
+                           run_step: int = 0) -> ModelStep:
+        """One model request with the capabilities' model-request hooks around it, where `agent.run()` runs them.
+
+        The hooks get the `RunContext` pydantic-ai gives them: the run's deps, its history (`ctx.messages`, which
+        they may rewrite: `ProcessHistory` does), usage so far, run step, model and settings. Their effect is what
+        this returns (the activity's result), so a replay reads it instead of calling them again.
+        """
+        model = self.resolve_model(override)
+        settings = self._settings(deps, model_settings)
+        history = list(messages)
+        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=model, messages=history,
+                      usage=usage or RunUsage(), run_step=run_step, model_settings=settings,
+                      prompt=_last_prompt(messages))
+        request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
+                                      model_request_parameters=self._parameters(tools, output))
+        response, retry = await request_through_hooks(self.agent, ctx, request)
+        rewritten = len(history) != len(messages) or any(a is not b for a, b in zip(history, messages, strict=True))
+        return ModelStep(response=response, retry=retry, messages=history if rewritten else None)
 
     def _settings(self, deps: Any, model_settings: Mapping[str, Any] | None) -> ModelSettings | None:
         settings = self.agent.model_settings
@@ -538,14 +600,15 @@ class CodeModeAgent:
 
         model = FunctionModel(answer, profile=_PROBE_PROFILE)
         try:
-            async with self.agent.iter(message_history=messages, model=model, deps=self.run_deps(deps),
-                                       model_settings=cast(ModelSettings | None, model_settings)) as run:
-                run.ctx.state.output_retries_used = retries  # pinned by tests/test_compat.py
-                node: Any = run.next_node
-                while not isinstance(node, End):
-                    if isinstance(node, CallToolsNode):
-                        _set_output_tool_retries(run.ctx.deps.tool_manager, retries)
-                    node = await run.next(node)
+            with probing(self.agent):
+                async with self.agent.iter(message_history=messages, model=model, deps=self.run_deps(deps),
+                                           model_settings=cast(ModelSettings | None, model_settings)) as run:
+                    run.ctx.state.output_retries_used = retries  # pinned by tests/test_compat.py
+                    node: Any = run.next_node
+                    while not isinstance(node, End):
+                        if isinstance(node, CallToolsNode):
+                            _set_output_tool_retries(run.ctx.deps.tool_manager, retries)
+                        node = await run.next(node)
         except _Probed as probed:
             last = probed.messages[-1]
             assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"

@@ -1,25 +1,39 @@
-"""Which pydantic-ai capability hooks a durable run applies, and the tool calls that go through them.
+"""Which pydantic-ai capability hooks a durable run applies, and the model requests and tool calls through them.
 
-A durable run calls each tool in its own activity, and checks each candidate answer in the output activity, both
-on the worker. There pydantic-ai's own `ToolManager` and output processing dispatch a capability's tool hooks and
-output hooks exactly as `agent.run()` does, with the call's `RunContext`. Every other hook belongs to pydantic-ai's
-run loop (before/after a run, a node, a model request; history processing; event streams; tool preparation), which
-a durable run does not drive, so a capability with one of those is refused by name, never silently dropped.
+A durable run calls each tool in its own activity, asks the model in the model activity, and checks each candidate
+answer in the output activity, all on the worker. There:
+- pydantic-ai's own `ToolManager` and output processing dispatch a capability's tool hooks and output hooks exactly
+  as `agent.run()` does, with the call's `RunContext`;
+- the model activity runs the model-request hooks (`wrap_model_request` around `before_model_request`, then
+  `prepare_model_request`, the model call with `on_model_request_error`, `after_model_request`), each chained over
+  the capabilities by pydantic-ai's own `CombinedCapability`, in the order `ModelRequestNode` calls them. That covers
+  `ProcessHistory` (a `before_model_request` hook): the history it writes back is adopted by the run, as in
+  `agent.run()`.
+
+The rest belongs to pydantic-ai's run loop, which a durable run does not drive (`REFUSED_HOOKS` says why for each);
+a capability with one of those is refused by name, never silently dropped.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.capabilities import AbstractCapability, Hooks
-from pydantic_ai.messages import ToolCallPart
+from pydantic_ai._utils import Some
+from pydantic_ai.capabilities import AbstractCapability, CombinedCapability, Hooks, WrapperCapability
+from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
+from pydantic_ai.exceptions import ModelRetry, SkipModelRequest
+from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.toolsets import CombinedToolset
 
-__all__ = ["APPLIED_HOOKS", "call_through_hooks", "extra_capabilities", "unapplied_hooks"]
+__all__ = ["APPLIED_HOOKS", "REFUSED_HOOKS", "call_through_hooks", "extra_capabilities", "has_model_request_hooks",
+           "probing", "request_through_hooks", "run_before_run", "unapplied_hooks"]
 
 TOOL_HOOKS = frozenset({
     "before_tool_validate", "after_tool_validate", "wrap_tool_validate", "on_tool_validate_error",
@@ -33,7 +47,49 @@ OUTPUT_HOOKS = frozenset({
 })
 """Dispatched by pydantic-ai's output processing, which the output activity runs for each candidate answer."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS
+MODEL_REQUEST_HOOKS = frozenset({
+    "before_model_request", "prepare_model_request", "after_model_request", "wrap_model_request",
+    "on_model_request_error",
+})
+"""Dispatched by `request_through_hooks` in the model activity, around the model call of each request."""
+
+RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
+"""Of these, `before_run` is called once per run, in the describe activity (`run_before_run`)."""
+
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run"}
+
+_OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
+REFUSED_HOOKS: dict[str, str] = {
+    "after_run": f"{_OUR_LOOP}: the run's result is made in workflow code, not by an AgentRunResult",
+    "wrap_run": f"{_OUR_LOOP}: nothing on one worker spans a run that may outlive it (continue-as-new, approvals)",
+    "on_run_error": f"{_OUR_LOOP}: a run's failure is decided in workflow code and cannot be recovered by a hook",
+    "before_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
+    "after_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
+    "wrap_node_run": f"{_OUR_LOOP}: there are no graph nodes to wrap or redirect",
+    "on_node_run_error": f"{_OUR_LOOP}: there are no graph nodes to recover",
+    "on_event": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
+    "wrap_run_event_stream": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
+    "prepare_tools": "the tools a run offers are recorded once when it starts (its stubs type-check the programs); "
+                     "per-step tool preparation would change them under a recorded run",
+    "prepare_output_tools": "the output tools a run offers are recorded once when it starts",
+    "get_toolset": "a run's tools are the agent's toolsets, recorded when it starts",
+    "get_wrapper_toolset": "a run calls each tool in its own activity, not through a wrapped toolset",
+    "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
+    "get_native_tools": "native (provider) tools are not sent by the model activity",
+    "get_wrapper_model": "the model activity calls the run's model itself",
+    "get_model": "the run's model is the agent's or start_run(model=...)",
+    "resolve_model_id": "the run's model is the agent's or start_run(model=...)",
+    "get_model_settings": "a run's model settings are the agent's and start_run(model_settings=...)",
+    "handle_deferred_tool_calls": "a durable run pauses a call for approval itself (ToolOptions(requires_approval))",
+    "get_instructions": "not yet: a run records its instructions once, at its start, and a capability's are not "
+                        "checked to be the same at every step",
+    "get_default_run_id": "a durable run's id is its workflow id",
+    "get_default_conversation_id": "a durable run's id is its workflow id",
+    "get_run_clock": "a durable run's clock is its workflow's (workflow.now())",
+    "get_run_start_time": "a durable run's clock is its workflow's (workflow.now())",
+    "get_workspace": "a durable run has no pydantic-ai workspace (give programs files: CodeModeAgent(files=...))",
+}
+"""Hooks a durable run does not call, each with the reason (the refusal at `CodeModeAgent(...)` quotes it)."""
 
 _NOT_HOOKS = frozenset({
     "apply", "combine", "for_agent", "for_run", "from_spec", "get_ordering", "get_serialization_name",
@@ -75,13 +131,127 @@ def extra_capabilities(agent: Agent[Any, Any]) -> list[AbstractCapability[Any]]:
 
 
 def unapplied_hooks(agent: Agent[Any, Any]) -> list[str]:
-    """`Type: hook, hook` for each capability of `agent` with hooks a durable run would not call."""
-    found = []
-    for capability in extra_capabilities(agent):
-        missing = sorted(_hooks_of(capability) - APPLIED_HOOKS)
-        if missing:
-            found.append(f"{type(capability).__name__}: {', '.join(missing)}")
-    return found
+    """`Type.hook (why)` for each hook of a capability of `agent` that a durable run would not call."""
+    return [f"{type(capability).__name__}.{hook} ({REFUSED_HOOKS.get(hook, _OUR_LOOP)})"
+            for capability in extra_capabilities(agent)
+            for hook in sorted(_hooks_of(capability) - APPLIED_HOOKS)]
+
+
+def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
+    """Whether a capability of `agent` acts around its model requests (so the model activity runs its hooks)."""
+    return any(_hooks_of(capability) & MODEL_REQUEST_HOOKS for capability in extra_capabilities(agent))
+
+
+class _Quiet(WrapperCapability[Any]):
+    """A capability with its run and model-request hooks masked, for the worker's probing runs.
+
+    Those runs (describe, the output check) are pydantic-ai runs on a `FunctionModel` that ask what it would send,
+    or check a response the model already gave. The masked hooks ran once where they belong (`before_run` in
+    describe, the model-request hooks in the model activity) and must not run, rewrite the history, or see a
+    probe's answer again. Every other hook (instructions, output hooks) is the wrapped capability's.
+    """
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        return None
+
+    async def after_run(self, ctx: RunContext[Any], *, result: Any) -> Any:
+        return result
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
+        return await handler()
+
+    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> Any:
+        raise error
+
+    async def before_model_request(self, ctx: RunContext[Any],
+                                   request_context: ModelRequestContext) -> ModelRequestContext:
+        return request_context
+
+    async def prepare_model_request(self, ctx: RunContext[Any],
+                                    request_context: ModelRequestContext) -> ModelRequestContext:
+        return request_context
+
+    async def after_model_request(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
+                                  response: ModelResponse) -> ModelResponse:
+        return response
+
+    async def wrap_model_request(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
+                                 handler: WrapModelRequestHandler) -> ModelResponse:
+        return await handler(request_context)
+
+    async def on_model_request_error(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
+                                     error: Exception) -> ModelResponse:
+        raise error
+
+
+_MASKED = RUN_HOOKS | MODEL_REQUEST_HOOKS
+
+
+@contextmanager
+def probing(agent: Agent[Any, Any]) -> Iterator[None]:
+    """Within: `agent`'s runs (in this task) call none of its run or model-request hooks (`_Quiet`).
+
+    Uses the override slot `Agent.override(spec=...)` sets (a `ContextVar`, so concurrent activities on the
+    worker, and `agent.run()` elsewhere in the process, are untouched).
+    """
+    masked = [c for c in extra_capabilities(agent) if _hooks_of(c) & _MASKED]
+    if not masked:
+        yield
+        return
+    quiet = CombinedCapability([_Quiet(c) if c in masked else c for c in _capabilities(agent)])
+    token = agent._override_root_capability.set(Some(quiet))  # pinned by tests/test_compat.py
+    try:
+        yield
+    finally:
+        agent._override_root_capability.reset(token)
+
+
+async def run_before_run(agent: Agent[Any, Any], ctx: RunContext[Any]) -> None:
+    """Call the capabilities' `before_run` hooks once, at the start of a durable run (in describe)."""
+    if any("before_run" in _hooks_of(c) for c in extra_capabilities(agent)):
+        await (await _own(agent).for_run(ctx)).before_run(ctx)
+
+
+def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
+    """The capabilities `agent` was given, chained by pydantic-ai (its own ones serve its agent graph's state)."""
+    return CombinedCapability(extra_capabilities(agent))
+
+
+async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any],
+                                request_context: ModelRequestContext) -> tuple[ModelResponse | None,
+                                                                               ModelRequest | None]:
+    """Make one model request with every model-request hook of `agent` around it, as `ModelRequestNode` does.
+
+    `ctx.messages` is the run's history (a hook such as `ProcessHistory` may rewrite it in place, for the caller
+    to adopt). Returns the response, or (a hook raised `ModelRetry`) the response kept for context, if the model
+    was called, and the retry request pydantic-ai would send next. `SkipModelRequest`'s response is the response.
+    Errors of the model call that no `on_model_request_error` hook recovers propagate raw (the activity classifies
+    them). Not implemented: `RetryModelRequest` (another attempt, maybe on another model, as `ModelFallback`
+    does); it propagates as an error.
+    """
+    root = await _own(agent).for_run(ctx)
+    response: ModelResponse | None = None
+
+    async def handler(request: ModelRequestContext) -> ModelResponse:
+        nonlocal response
+        request = await root.before_model_request(ctx, request)
+        request = await root.prepare_model_request(ctx, request)
+        try:
+            response = await request.model.request(request.messages, request.model_settings,
+                                                   request.model_request_parameters)
+        except (ModelRetry, SkipModelRequest):
+            raise
+        except Exception as e:
+            response = await root.on_model_request_error(ctx, request_context=request, error=e)
+        return await root.after_model_request(ctx, request_context=request, response=response)
+
+    try:
+        return await root.wrap_model_request(ctx, request_context=request_context, handler=handler), None
+    except SkipModelRequest as e:
+        return e.response, None
+    except ModelRetry as e:
+        # As `_build_retry_node`: the model is asked again with the hook's message; what it said stays in history.
+        return response, ModelRequest(parts=[RetryFeedbackPart(content=e.message, retry=RetryInfo("model_retry"))])
 
 
 async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_name: str,

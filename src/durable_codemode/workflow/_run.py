@@ -70,6 +70,7 @@ with workflow.unsafe.imports_passed_through():
         CallRecord,
         Continuation,
         ModelRequestInput,
+        ModelStep,
         OutputInput,
         OutputVerdict,
         RunInput,
@@ -238,9 +239,11 @@ class CodeModeRunWorkflow:
         if cont is None:
             spec = await workflow.execute_local_activity(
                 DESCRIBE_AGENT_ACTIVITY,
-                # The run's own instructions only when it has some: runs recorded before passed four arguments.
+                # The run's own instructions when it has some, then its prompt (what `before_run` hooks see): runs
+                # recorded before passed four or five arguments (Temporal does not compare them on replay).
                 args=[input.agent, input.deps, input.deps_type, input.model,
-                      *([input.instructions] if input.instructions else [])],
+                      *([input.instructions] if input.instructions or input.prompt is not None else []),
+                      *([input.prompt] if input.prompt is not None else [])],
                 result_type=AgentSpec,
                 start_to_close_timeout=_DESCRIBE_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
@@ -301,16 +304,35 @@ class CodeModeRunWorkflow:
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
-            response = await self._progress.model_request(workflow.execute_activity(
+            hooked = spec.model_request_hooks  # recorded: runs from before hooks applied keep their bare responses
+            answer = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
                 ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools,
-                                  deps=input.deps, model_settings=input.model_settings, output=spec.output),
-                result_type=ModelResponse,
+                                  deps=input.deps, model_settings=input.model_settings, output=spec.output,
+                                  hooks=hooked, usage=usage if hooked else None,
+                                  run_step=usage.requests + 1 if hooked else 0),
+                result_type=ModelStep if hooked else ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
                 retry_policy=_MODEL_RETRY,
                 summary=f"model turn {index}",
             ), turn=index, model=input.model)
+            if isinstance(answer, ModelStep):
+                # The hooks' effect, as recorded: the history they rewrote (`ProcessHistory`), a retry they asked for.
+                if answer.messages is not None:
+                    messages[:] = answer.messages
+                if answer.response is None or answer.retry is not None:
+                    if answer.response is not None:
+                        usage.incr(answer.response.usage)
+                        usage.requests += 1
+                        messages.append(answer.response)
+                    assert answer.retry is not None, "a model step without a response asks for a retry"
+                    self._output_retries += 1
+                    messages.append(self._request(list(answer.retry.parts)))
+                    continue
+                response = answer.response
+            else:
+                response = answer
             usage.incr(response.usage)
             usage.requests += 1
             self._check_usage(lambda u: u.check_tokens(usage))
