@@ -247,6 +247,31 @@ async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or
     await replay(allowed)
 
 
+async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_output_budget(client: Client) -> None:
+    # Before any request is made, so no request counts against the usage limits: only the budget stops it.
+    tries: list[int] = []
+    hooks = Hooks()
+
+    @hooks.on.before_model_request
+    async def never(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
+        tries.append(ctx.run_step)
+        raise ModelRetry("not yet")
+
+    agent = Agent(scripted_model(lambda messages: "unreachable"), name="cap-retry-loop", capabilities=[hooks],
+                  retries=2)
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    cause = failure.value.cause.cause
+    assert getattr(cause, "type", None) == "UnexpectedModelBehavior" and "Exceeded maximum output retries (2)" in str(
+        cause), cause
+    assert len(tries) == 3  # the first try and 2 retries, each once (the failure is final, not retried)
+    await replay(handle)
+
+
 class _RunWrapper(AbstractCapability[Any]):
     async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
         return await handler()

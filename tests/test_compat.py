@@ -116,6 +116,14 @@ async def test_the_pydantic_ai_output_surface_we_read_is_there() -> None:
     assert run.result is not None and run.result.output == Answer(n=1)
 
 
+def test_the_output_retry_budget_we_read_is_there() -> None:
+    """`request_step` caps a model hook's retries with the agent's output budget (a private attribute)."""
+    from pydantic_ai import Agent
+
+    assert Agent("test", retries={"output": 4})._max_output_retries == 4
+    assert Agent("test", retries=2)._max_output_retries == 2
+
+
 def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
     """`_models` knows providers by name without building one, and reads a missing key's variable from the message."""
     from pydantic_ai.exceptions import UserError

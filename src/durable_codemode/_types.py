@@ -383,6 +383,8 @@ class ModelRequestInput:
     """The run's usage before this request (`ctx.usage` of the hooks); sent only with `hooks`."""
     run_step: int = 0
     """The request's step in the run, from 1 (`ctx.run_step` of the hooks, as pydantic-ai counts requests)."""
+    output_retries: int = 0
+    """Output retries the run has used (`hooks` only): a hook's `ModelRetry` past the agent's budget fails the run."""
 
 
 @dataclass(kw_only=True)

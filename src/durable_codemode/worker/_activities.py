@@ -149,11 +149,12 @@ class CodeModeActivities:
             if input.hooks:
                 return await heartbeating(agent.request_step(
                     input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
-                    output=input.output, usage=input.usage, run_step=input.run_step))
+                    output=input.output, usage=input.usage, run_step=input.run_step,
+                    output_retries=input.output_retries))
             return await heartbeating(agent.request(
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
                 output=input.output))
-        except (CodeModeUserError, UserError) as e:
+        except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
             # 4xx other than timeouts and rate limits will fail the same way again: bad key, bad request.

@@ -16,6 +16,7 @@ from typing import Any, Union, cast
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai import Agent, CallToolsNode, RunContext
 from pydantic_ai._output import types_from_output_spec
+from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
 from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
@@ -553,7 +554,7 @@ class CodeModeAgent:
     async def request_step(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition],
                            *, deps: Any = None, model_settings: Mapping[str, Any] | None = None,
                            output: OutputSpec | None = None, usage: RunUsage | None = None,
-                           run_step: int = 0) -> ModelStep:
+                           run_step: int = 0, output_retries: int = 0) -> ModelStep:
         """One model request with the capabilities' model-request hooks around it, where `agent.run()` runs them.
 
         The hooks get the `RunContext` pydantic-ai gives them: the run's deps, its history (`ctx.messages`, which
@@ -569,6 +570,11 @@ class CodeModeAgent:
         request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
                                       model_request_parameters=self._parameters(tools, output))
         response, retry = await request_through_hooks(self.agent, ctx, request)
+        budget = self.agent._max_output_retries  # pinned by tests/test_compat.py
+        if retry is not None and output_retries >= budget:
+            # As `agent.run()` ends a run whose output retries are used up; without it a hook that always asks
+            # for a retry before the request would loop the run forever (no request is made, none is counted).
+            raise UnexpectedModelBehavior(f"Exceeded maximum output retries ({budget})")
         rewritten = len(history) != len(messages) or any(a is not b for a, b in zip(history, messages, strict=True))
         return ModelStep(response=response, retry=retry, messages=history if rewritten else None)
 
