@@ -272,6 +272,28 @@ async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_out
     await replay(handle)
 
 
+async def test_a_model_hook_asking_for_another_attempt_fails_the_run_by_name(client: Client) -> None:
+    from pydantic_ai.exceptions import RetryModelRequest
+
+    hooks = Hooks()
+
+    @hooks.on.before_model_request
+    async def fallback(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
+        raise RetryModelRequest()
+
+    agent = Agent(scripted_model(lambda messages: "unreachable"), name="cap-fallback", capabilities=[hooks])
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    cause = failure.value.cause.cause
+    assert getattr(cause, "type", None) == "CodeModeUserError", cause
+    assert "raised RetryModelRequest" in str(cause) and "do not support yet" in str(cause)
+    await replay(handle)
+
+
 class _RunWrapper(AbstractCapability[Any]):
     async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
         return await handler()

@@ -26,11 +26,13 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai._utils import Some
 from pydantic_ai.capabilities import AbstractCapability, CombinedCapability, Hooks, WrapperCapability
 from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
-from pydantic_ai.exceptions import ModelRetry, SkipModelRequest
+from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest
 from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.toolsets import CombinedToolset
+
+from .._errors import CodeModeUserError
 
 __all__ = ["APPLIED_HOOKS", "REFUSED_HOOKS", "call_through_hooks", "extra_capabilities", "has_model_request_hooks",
            "probing", "request_through_hooks", "run_before_run", "unapplied_hooks"]
@@ -227,7 +229,7 @@ async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any],
     was called, and the retry request pydantic-ai would send next. `SkipModelRequest`'s response is the response.
     Errors of the model call that no `on_model_request_error` hook recovers propagate raw (the activity classifies
     them). Not implemented: `RetryModelRequest` (another attempt, maybe on another model, as `ModelFallback`
-    does); it propagates as an error.
+    does) fails the run with a `CodeModeUserError` naming it, final rather than retried with back-off.
     """
     root = await _own(agent).for_run(ctx)
     response: ModelResponse | None = None
@@ -239,7 +241,7 @@ async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any],
         try:
             response = await request.model.request(request.messages, request.model_settings,
                                                    request.model_request_parameters)
-        except (ModelRetry, SkipModelRequest):
+        except (ModelRetry, SkipModelRequest, RetryModelRequest):
             raise
         except Exception as e:
             response = await root.on_model_request_error(ctx, request_context=request, error=e)
@@ -249,6 +251,11 @@ async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any],
         return await root.wrap_model_request(ctx, request_context=request_context, handler=handler), None
     except SkipModelRequest as e:
         return e.response, None
+    except RetryModelRequest as e:
+        raise CodeModeUserError(
+            f"a model-request hook of agent {agent.name!r} raised RetryModelRequest (another attempt at the request, "
+            "as ModelFallback asks), which durable runs do not support yet: retry inside the hook's own handler "
+            "call, or give the run another model (start_run(model=...))") from e
     except ModelRetry as e:
         # As `_build_retry_node`: the model is asked again with the hook's message; what it said stays in history.
         return response, ModelRequest(parts=[RetryFeedbackPart(content=e.message, retry=RetryInfo("model_retry"))])
