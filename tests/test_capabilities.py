@@ -247,6 +247,18 @@ async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or
     await replay(allowed)
 
 
+async def _failed_run(client: Client, agent: Agent[Any, Any]) -> BaseException | None:
+    """Run `agent` on "go", expect the run to fail, replay its history; the failure's cause (an activity's error)."""
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    await replay(handle)
+    return failure.value.cause.cause if failure.value.cause is not None else None
+
+
 async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_output_budget(client: Client) -> None:
     # Before any request is made, so no request counts against the usage limits: only the budget stops it.
     tries: list[int] = []
@@ -257,19 +269,11 @@ async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_out
         tries.append(ctx.run_step)
         raise ModelRetry("not yet")
 
-    agent = Agent(scripted_model(lambda messages: "unreachable"), name="cap-retry-loop", capabilities=[hooks],
-                  retries=2)
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "go", task_queue=tq)
-        with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
-    cause = failure.value.cause.cause
+    cause = await _failed_run(client, Agent(scripted_model(lambda messages: "unreachable"), name="cap-retry-loop",
+                                            capabilities=[hooks], retries=2))
     assert getattr(cause, "type", None) == "UnexpectedModelBehavior" and "Exceeded maximum output retries (2)" in str(
         cause), cause
     assert len(tries) == 3  # the first try and 2 retries, each once (the failure is final, not retried)
-    await replay(handle)
 
 
 async def test_a_model_hook_asking_for_another_attempt_fails_the_run_by_name(client: Client) -> None:
@@ -281,17 +285,10 @@ async def test_a_model_hook_asking_for_another_attempt_fails_the_run_by_name(cli
     async def fallback(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
         raise RetryModelRequest()
 
-    agent = Agent(scripted_model(lambda messages: "unreachable"), name="cap-fallback", capabilities=[hooks])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "go", task_queue=tq)
-        with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
-    cause = failure.value.cause.cause
+    cause = await _failed_run(client, Agent(scripted_model(lambda messages: "unreachable"), name="cap-fallback",
+                                            capabilities=[hooks]))
     assert getattr(cause, "type", None) == "CodeModeUserError", cause
     assert "raised RetryModelRequest" in str(cause) and "do not support yet" in str(cause)
-    await replay(handle)
 
 
 class _RunWrapper(AbstractCapability[Any]):

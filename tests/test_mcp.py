@@ -199,54 +199,51 @@ async def test_a_server_killed_mid_call_is_restarted_and_the_call_retried(client
     await replay(handle)
 
 
-async def test_a_tool_gone_since_the_run_started_is_a_clear_error(client: Client, tmp_path: Path) -> None:
-    # The run records `stock`; the server then restarts as a version that renamed it.
+async def _run_across_a_server_change(client: Client, tmp_path: Path, name: str, variant: str,
+                                      second: str) -> Any:
+    """A run whose first program calls `stock`, after which the server restarts as `variant` for the second.
+
+    `reserve` kills the server mid-call (`crash-next`), so the second program's `stock` call reaches a server that
+    started as the new version; the run's first program proves it recorded the old `stock`.
+    """
     (tmp_path / "crash-next").touch()
-    first = "await stock(sku='a')"
-    second = ("try:\n    await reserve(sku='a')\nexcept Exception as e:\n    pass\n"
-              "try:\n    r = await stock(sku='a')\nexcept KeyError as e:\n    r = str(e)\nr")
+    before = "try:\n    await reserve(sku='a')\nexcept Exception as e:\n    pass\n"
 
     def flip(messages: Any) -> RunCode:
-        (tmp_path / "variant").write_text("v2")
-        return RunCode(second)
+        (tmp_path / "variant").write_text(variant)
+        return RunCode(before + second)
 
-    agent = mcp_agent("mcp-drift", stdio_toolset(tmp_path), RunCode(first), flip, _answer,
+    agent = mcp_agent(name, stdio_toolset(tmp_path), RunCode("await stock(sku='a')"), flip, _answer,
                       tool_options={"reserve": ToolOptions(retry_policy=_retry(2))})
     tq = new_task_queue()
     async with running_worker(client, [agent], task_queue=tq):
-        handle = await start_run(client, "mcp-drift", "go", task_queue=tq)
+        handle = await start_run(client, name, "go", task_queue=tq)
         result = await handle.result()
     assert json.loads(_snippets(result)[0].result)["result"] == 7
+    await replay(handle)
+    return result
+
+
+async def test_a_tool_gone_since_the_run_started_is_a_clear_error(client: Client, tmp_path: Path) -> None:
+    # The run records `stock`; the server then restarts as a version that renamed it.
+    result = await _run_across_a_server_change(
+        client, tmp_path, "mcp-drift", "v2",
+        "try:\n    r = await stock(sku='a')\nexcept KeyError as e:\n    r = str(e)\nr")
     message = json.loads(result.output)["result"]
     assert "has no tool 'stock' now" in message and "stock_level" in message
-    await replay(handle)
 
 
 async def test_a_tool_whose_schema_changed_since_the_run_started_is_refused(client: Client, tmp_path: Path) -> None:
     # The run records `stock(sku) -> int`; the server restarts as a version whose `stock` returns text. The
     # program was type-checked against `-> int`, so the call is refused, catchably, and never reaches the server.
-    (tmp_path / "crash-next").touch()
-    first = "await stock(sku='a')"
-    second = ("try:\n    await reserve(sku='a')\nexcept Exception as e:\n    pass\n"
-              "try:\n    r = str(await stock(sku='a'))\nexcept TypeError as e:\n    r = str(e)\nr")
-
-    def flip(messages: Any) -> RunCode:
-        (tmp_path / "variant").write_text("v3")
-        return RunCode(second)
-
-    agent = mcp_agent("mcp-retyped", stdio_toolset(tmp_path), RunCode(first), flip, _answer,
-                      tool_options={"reserve": ToolOptions(retry_policy=_retry(2))})
-    tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
-        handle = await start_run(client, "mcp-retyped", "go", task_queue=tq)
-        result = await handle.result()
-    assert json.loads(_snippets(result)[0].result)["result"] == 7
+    result = await _run_across_a_server_change(
+        client, tmp_path, "mcp-retyped", "v3",
+        "try:\n    r = str(await stock(sku='a'))\nexcept TypeError as e:\n    r = str(e)\nr")
     message = json.loads(result.output)["result"]
     assert "MCP tool 'stock' of agent 'mcp-retyped' changed since the run started" in message, message
     assert "the call was not made" in message
     calls = [c for s in _snippets(result) for c in s.calls if c.tool == "stock"]
     assert [c.status for c in calls] == ["ok", "error"], calls
-    await replay(handle)
 
 
 def _retry(attempts: int) -> RetryPolicy:
