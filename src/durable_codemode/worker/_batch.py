@@ -36,13 +36,11 @@ from .._types import BatchedCall, BatchInput, BatchOutcome, BatchResult
 from ._agent import CodeModeAgent
 from ._context import ToolCallContext, bind_call
 from ._failures import message_of, tool_failure
+from ._heartbeat import heartbeating
 
 __all__ = ["run_batch"]
 
 _OUTCOMES = TypeAdapter(list[BatchOutcome])
-
-_BEATS_PER_TIMEOUT = 3
-"""Timer beats per heartbeat timeout while calls run (as `_heartbeat`), besides one beat per settled call."""
 
 
 def _earlier_outcomes(details: Any) -> dict[str, BatchOutcome]:
@@ -105,7 +103,6 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
     info = activity.info()
     done = _earlier_outcomes(info.heartbeat_details)
     used = sum(len(to_json(o.value)) for o in done.values() if o.kind == "ok")
-    timeout = info.heartbeat_timeout
 
     beat_scheduled = False
 
@@ -138,16 +135,7 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
         done[call.call_id] = outcome
         beat_soon()
 
-    async def beating() -> None:
-        assert timeout is not None
-        while True:
-            await asyncio.sleep(timeout.total_seconds() / _BEATS_PER_TIMEOUT)
-            beat()
-
-    beats = asyncio.create_task(beating()) if timeout and timeout > timedelta(0) else None
-    try:
-        await asyncio.gather(*(one(c) for c in input.calls if c.call_id not in done))
-    finally:
-        if beats is not None:
-            beats.cancel()
+    # Also on a timer while calls run (`heartbeating`), each beat with every outcome so far.
+    await heartbeating(asyncio.gather(*(one(c) for c in input.calls if c.call_id not in done)),
+                       details=lambda: [list(done.values())])
     return BatchResult(outcomes=[done[c.call_id] for c in input.calls])

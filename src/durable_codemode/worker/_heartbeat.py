@@ -8,9 +8,9 @@ attempt elsewhere once heartbeats stop. The call itself need not know: `heartbea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio import activity
 
@@ -22,8 +22,11 @@ _BEATS_PER_TIMEOUT = 3
 """Beats sent per heartbeat timeout, so one delayed beat does not time a live attempt out."""
 
 
-async def heartbeating(call: Awaitable[_T]) -> _T:
+async def heartbeating(call: Awaitable[_T], details: Callable[[], Sequence[Any]] | None = None) -> _T:
     """Await `call` in the current activity, heartbeating meanwhile if the activity has a heartbeat timeout.
+
+    `details`: what each beat carries (read at each beat), for an activity whose retried attempt resumes from its
+    last heartbeat (the batch activity's outcomes so far); none by default.
 
     The SDK throttles and batches heartbeats, so a beat costs no RPC of its own. The beats run on the event loop:
     a synchronous tool runs in a thread (pydantic-ai's `run_in_executor`), so a slow tool keeps beating, while a
@@ -35,7 +38,7 @@ async def heartbeating(call: Awaitable[_T]) -> _T:
 
     async def beat() -> None:
         while True:
-            activity.heartbeat()
+            activity.heartbeat(*(details() if details is not None else ()))
             await asyncio.sleep(timeout.total_seconds() / _BEATS_PER_TIMEOUT)
 
     beats = asyncio.create_task(beat())
