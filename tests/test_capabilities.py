@@ -276,7 +276,95 @@ async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_out
     assert len(tries) == 3  # the first try and 2 retries, each once (the failure is final, not retried)
 
 
-async def test_a_model_hook_asking_for_another_attempt_fails_the_run_by_name(client: Client) -> None:
+def _stock_agent(model: Any, name: str, **options: Any) -> Agent[None, Any]:
+    agent = Agent(model, name=name, **options)
+
+    @agent.tool_plain
+    def stock(sku: str) -> int:
+        """Units of `sku` in stock."""
+        return len(sku)
+
+    return agent
+
+
+async def test_model_fallback_moves_a_failing_request_to_the_next_model_and_sticks_to_it(client: Client) -> None:
+    from pydantic_ai.capabilities import ModelFallback
+    from pydantic_ai.exceptions import ModelHTTPError
+
+    primary_asked: list[int] = []
+    seen_attempts: list[list[str]] = []
+
+    def primary(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        primary_asked.append(len(messages))
+        raise ModelHTTPError(status_code=503, model_name="primary", body="overloaded")
+
+    def backup_step(messages: list[ModelMessage]) -> str:
+        # What the run kept of the first answer: the attempt moved on from, as pydantic-ai records it.
+        seen_attempts.extend([a.model_name for a in m.failed_attempts or []]
+                             for m in messages if isinstance(m, ModelResponse))
+        return f"stock: {last_result(messages)}"
+
+    backup = scripted_model(RunCode("await stock(sku='abcd')"), backup_step, name="backup")
+    agent = _stock_agent(FunctionModel(primary, model_name="primary"), "cap-fallback",
+                         capabilities=[ModelFallback(backup, sticky=True)])
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "stock?", task_queue=tq)
+        result = await handle.result()
+    assert result.output == "stock: {'result': 4}" and result.usage.requests == 2
+    # Asked once: its 503 moved the first request to the backup, and (sticky) the second went there directly.
+    assert primary_asked == [1]
+    assert seen_attempts == [["primary"]]
+    await replay(handle)
+
+
+async def test_a_rejected_response_is_not_kept_but_its_tokens_are_counted(client: Client) -> None:
+    from pydantic_ai.capabilities import ModelFallback
+    from pydantic_ai.usage import RequestUsage
+
+    def draft(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("draft")], usage=RequestUsage(input_tokens=100, output_tokens=7))
+
+    def final(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        assert not any(isinstance(p, TextPart) and p.content == "draft"
+                       for m in messages if isinstance(m, ModelResponse) for p in m.parts)
+        return ModelResponse(parts=[TextPart("final")], usage=RequestUsage(input_tokens=10, output_tokens=2))
+
+    def is_draft(response: ModelResponse) -> bool:
+        return any(isinstance(p, TextPart) and p.content == "draft" for p in response.parts)
+
+    finisher = FunctionModel(final, model_name="finisher")
+    agent = _stock_agent(FunctionModel(draft, model_name="drafter"), "cap-reject",
+                         capabilities=[ModelFallback(finisher, fallback_on=is_draft)])
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq)
+        result = await handle.result()
+    assert result.output == "final"
+    # One request the run acted on; the rejected draft's tokens were billed, so they count (as in agent.run()).
+    assert (result.usage.requests, result.usage.input_tokens, result.usage.output_tokens) == (1, 110, 9)
+    await replay(handle)
+
+
+async def test_a_fallback_chain_that_runs_out_of_models_fails_the_run_naming_every_failure(client: Client) -> None:
+    from pydantic_ai.capabilities import ModelFallback
+    from pydantic_ai.exceptions import ModelHTTPError
+
+    def refusing(name: str) -> FunctionModel:
+        def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+            raise ModelHTTPError(status_code=400, model_name=name, body="bad request")
+        return FunctionModel(respond, model_name=name)
+
+    cause = await _failed_run(client, _stock_agent(refusing("first"), "cap-exhausted",
+                                                   capabilities=[ModelFallback(refusing("second"))]))
+    # Final, not retried: both failures would repeat (HTTP 400).
+    assert getattr(cause, "type", None) == "FallbackExceptionGroup", cause
+    assert "first" in str(cause) and "second" in str(cause) and "400" in str(cause)
+
+
+async def test_retry_model_request_outside_an_attempt_fails_the_run_with_pydantic_ais_message(client: Client) -> None:
     from pydantic_ai.exceptions import RetryModelRequest
 
     hooks = Hooks()
@@ -285,10 +373,17 @@ async def test_a_model_hook_asking_for_another_attempt_fails_the_run_by_name(cli
     async def fallback(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
         raise RetryModelRequest()
 
-    cause = await _failed_run(client, Agent(scripted_model(lambda messages: "unreachable"), name="cap-fallback",
+    cause = await _failed_run(client, Agent(scripted_model(lambda messages: "unreachable"), name="cap-retry-outside",
                                             capabilities=[hooks]))
-    assert getattr(cause, "type", None) == "CodeModeUserError", cause
-    assert "raised RetryModelRequest" in str(cause) and "do not support yet" in str(cause)
+    assert getattr(cause, "type", None) == "UserError", cause
+    assert "`RetryModelRequest` can only be raised from `prepare_model_request`" in str(cause)
+
+
+def test_model_fallback_that_would_be_the_agents_model_is_refused_by_name() -> None:
+    from pydantic_ai.capabilities import ModelFallback
+
+    with pytest.raises(CodeModeUserError, match=r"ModelFallback\.get_model \(the run's model is the agent's"):
+        CodeModeAgent(Agent(name="cap-no-model", capabilities=[ModelFallback(scripted_model("x"))]))
 
 
 class _RunWrapper(AbstractCapability[Any]):

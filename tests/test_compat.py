@@ -214,3 +214,21 @@ async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
     assert agent._effective_root_capability() is quiet  # type: ignore[attr-defined]
     agent._override_root_capability.reset(token)
     assert WrapperCapability.__dataclass_fields__["wrapped"]
+    # The attempt loop `_attempts` mirrors (private): its cap and pydantic-ai's record of the attempts moved on from.
+    from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
+    from pydantic_ai._fallback import AttemptLog
+    from pydantic_ai._model_request_attempts import AttemptStart
+    from pydantic_ai.capabilities import ModelFallback
+    from pydantic_ai.exceptions import FallbackExceptionGroup, RetryModelRequest
+    from pydantic_ai.messages import ModelResponse, TextPart
+
+    assert isinstance(MAX_MODEL_REQUEST_ATTEMPTS, int) and MAX_MODEL_REQUEST_ATTEMPTS > 1
+    assert list(inspect.signature(AttemptLog.record).parameters)[:6] == [
+        "self", "model", "failure", "start", "parent", "tracer"]
+    log = AttemptLog()
+    log.record(Agent("test").model, RuntimeError("down"), AttemptStart(), parent=None, tracer=None)  # type: ignore[arg-type]
+    answered = log.attach(ModelResponse(parts=[TextPart("ok")]))
+    assert [(a.outcome, a.error) for a in answered.failed_attempts or []] == [("error", "RuntimeError: down")]
+    assert {"attempt", "model_id"} <= set(ModelRequestContext.__dataclass_fields__)
+    assert RetryModelRequest("test").model == "test" and issubclass(FallbackExceptionGroup, ExceptionGroup)
+    assert ModelFallback("test").models == ["test"] and ModelFallback("test").for_agent(agent).get_model() is None

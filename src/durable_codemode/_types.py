@@ -246,6 +246,10 @@ class AgentSpec:
     the model activity then runs them around the model call and answers a `ModelStep` (the response, and the
     history when a hook rewrote it), which the run adopts. `False`: no such hooks, or a run recorded before they
     were applied: the activity answers a bare `ModelResponse`, as every such run recorded."""
+    counts_failed_attempts: bool = False
+    """Whether the run's usage counts the tokens of the attempts a response records it moved on from
+    (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
+    `agent.run()` does (every run started now). A run recorded before the field read `False`: it replays as it ran."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""

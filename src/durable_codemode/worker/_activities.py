@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic_ai.exceptions import ModelHTTPError, UnexpectedModelBehavior, UserError
+from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError, UnexpectedModelBehavior, UserError
 from pydantic_ai.messages import ModelResponse
 from pydantic_core import to_json
 from temporalio import activity
@@ -54,6 +54,17 @@ from ._heartbeat import heartbeating
 from ._seal import monty_version, seal
 
 __all__ = ["CodeModeActivities"]
+
+
+def _may_pass(error: BaseException) -> bool:
+    """Whether a model request that failed with `error` may succeed if made again.
+
+    HTTP 4xx other than timeouts, conflicts and rate limits fail the same way again (bad key, bad request), as do
+    our own and pydantic-ai's usage errors; anything else (5xx, a dropped connection) may pass.
+    """
+    if isinstance(error, ModelHTTPError):
+        return error.status_code >= 500 or error.status_code in (408, 409, 429)
+    return not isinstance(error, (CodeModeUserError, UserError, UnexpectedModelBehavior))
 
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
@@ -157,9 +168,13 @@ class CodeModeActivities:
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
-            # 4xx other than timeouts and rate limits will fail the same way again: bad key, bad request.
-            retryable = e.status_code >= 500 or e.status_code in (408, 409, 429)
-            raise ApplicationError(str(e), type="ModelHTTPError", non_retryable=not retryable) from e
+            raise ApplicationError(str(e), type="ModelHTTPError", non_retryable=not _may_pass(e)) from e
+        except FallbackExceptionGroup as e:
+            # Every model of a `ModelFallback` chain failed: a retry of the activity walks the chain again from its
+            # first model, unless every failure would repeat.
+            raise ApplicationError(f"{e}: " + "; ".join(f"{type(x).__name__}: {x}" for x in e.exceptions),
+                                   type="FallbackExceptionGroup",
+                                   non_retryable=not any(_may_pass(x) for x in e.exceptions)) from e
 
     @activity.defn(name=OUTPUT_ACTIVITY)
     async def check_output(self, input: OutputInput) -> OutputVerdict:

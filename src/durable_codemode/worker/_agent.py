@@ -42,6 +42,7 @@ from ._approvers import ApprovalAuthority
 from ._capabilities import (
     call_through_hooks,
     extra_capabilities,
+    fallback_model_names,
     has_model_request_hooks,
     probing,
     request_through_hooks,
@@ -481,7 +482,7 @@ class CodeModeAgent:
             sandbox_guards=True,
             compute_escalation=True,
             records_type_check_rejections=True,
-            model_request_hooks=self._model_hooked,
+            model_request_hooks=self._model_hooked, counts_failed_attempts=True,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
             files=files,
@@ -503,7 +504,8 @@ class CodeModeAgent:
         """Build the agent's model if it is a string, so one that cannot work stops the worker from starting.
 
         pydantic-ai builds a model given as a string when the agent is built, unless `defer_model_check=True`;
-        this is that check, on the worker (where the key must be), not in every process importing the agent.
+        this is that check, on the worker (where the key must be), not in every process importing the agent. The
+        models a `ModelFallback` names are checked too: a fallback that cannot work would fail only once needed.
 
         Raises:
             CodeModeUserError: the provider's API key is not set here, the model is unknown, or its provider's
@@ -514,6 +516,8 @@ class CodeModeAgent:
         if isinstance(model, str):
             build_model(model, subject=f"agent {self.name!r}", whose="its model",
                         otherwise="give the agent another model (every run then uses start_run(model=...))")
+        for name in fallback_model_names(self.agent):
+            self._fallback_model(name)
 
     def resolve_model(self, override: str | None) -> Model:
         """The model for a request: the run's model string if it has one, else the agent's model.
@@ -530,6 +534,11 @@ class CodeModeAgent:
             return chosen
         return build_model(chosen, subject=f"agent {self.name!r}", whose="the run's model" if override else "its model",
                            otherwise="start the run with another model (start_run(model=...), codemode run --model)")
+
+    def _fallback_model(self, name: str) -> Model:
+        """The model a capability's `RetryModelRequest` names (`ModelFallback`'s next candidate), built here."""
+        return build_model(name, subject=f"agent {self.name!r}", whose="a fallback model",
+                           otherwise="give the capability a model that works on this worker")
 
     async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
                       deps: Any = None, model_settings: Mapping[str, Any] | None = None,
@@ -567,9 +576,11 @@ class CodeModeAgent:
         ctx = replace(self._run_context(deps=self.run_deps(deps)), model=model, messages=history,
                       usage=usage or RunUsage(), run_step=run_step, model_settings=settings,
                       prompt=_last_prompt(messages))
+        chosen = override or self.agent.model
         request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
-                                      model_request_parameters=self._parameters(tools, output))
-        response, retry = await request_through_hooks(self.agent, ctx, request)
+                                      model_request_parameters=self._parameters(tools, output),
+                                      model_id=chosen if isinstance(chosen, str) else None)
+        response, retry = await request_through_hooks(self.agent, ctx, request, self._fallback_model)
         budget = self.agent._max_output_retries  # pinned by tests/test_compat.py
         if retry is not None and output_retries >= budget:
             # As `agent.run()` ends a run whose output retries are used up; without it a hook that always asks

@@ -18,23 +18,25 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from pydantic_ai import Agent, RunContext
+from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
+from pydantic_ai._fallback import AttemptLog
+from pydantic_ai._model_request_attempts import AttemptStart
 from pydantic_ai._utils import Some
-from pydantic_ai.capabilities import AbstractCapability, CombinedCapability, Hooks, WrapperCapability
+from pydantic_ai.capabilities import AbstractCapability, CombinedCapability, Hooks, ModelFallback, WrapperCapability
 from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
-from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest
+from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest, UserError
 from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
-from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.toolsets import CombinedToolset
 
-from .._errors import CodeModeUserError
-
-__all__ = ["APPLIED_HOOKS", "REFUSED_HOOKS", "call_through_hooks", "extra_capabilities", "has_model_request_hooks",
+__all__ = ["APPLIED_HOOKS", "REFUSED_HOOKS", "call_through_hooks", "extra_capabilities", "fallback_model_names",
+           "has_model_request_hooks",
            "probing", "request_through_hooks", "run_before_run", "unapplied_hooks"]
 
 TOOL_HOOKS = frozenset({
@@ -79,7 +81,8 @@ REFUSED_HOOKS: dict[str, str] = {
     "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
     "get_native_tools": "native (provider) tools are not sent by the model activity",
     "get_wrapper_model": "the model activity calls the run's model itself",
-    "get_model": "the run's model is the agent's or start_run(model=...)",
+    "get_model": "the run's model is the agent's or start_run(model=...): give the agent a model of its own "
+                 "(ModelFallback then falls back from it)",
     "resolve_model_id": "the run's model is the agent's or start_run(model=...)",
     "get_model_settings": "a run's model settings are the agent's and start_run(model_settings=...)",
     "handle_deferred_tool_calls": "a durable run pauses a call for approval itself (ToolOptions(requires_approval))",
@@ -133,10 +136,21 @@ def extra_capabilities(agent: Agent[Any, Any]) -> list[AbstractCapability[Any]]:
 
 
 def unapplied_hooks(agent: Agent[Any, Any]) -> list[str]:
-    """`Type.hook (why)` for each hook of a capability of `agent` that a durable run would not call."""
+    """`Type.hook (why)` for each hook of a capability of `agent` that a durable run would not call.
+
+    `get_model` counts only when it contributes a model: `ModelFallback` on an agent with a model of its own
+    contributes none (it falls back from the agent's), and works; on an agent without one it would be the model.
+    """
     return [f"{type(capability).__name__}.{hook} ({REFUSED_HOOKS.get(hook, _OUR_LOOP)})"
             for capability in extra_capabilities(agent)
-            for hook in sorted(_hooks_of(capability) - APPLIED_HOOKS)]
+            for hook in sorted(_hooks_of(capability) - APPLIED_HOOKS)
+            if hook != "get_model" or capability.get_model() is not None]
+
+
+def fallback_model_names(agent: Agent[Any, Any]) -> list[str]:
+    """The models given by name to `agent`'s `ModelFallback` capabilities (the worker checks they can be built)."""
+    return [model for capability in extra_capabilities(agent) if isinstance(capability, ModelFallback)
+            for model in capability.models if isinstance(model, str)]
 
 
 def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
@@ -219,46 +233,112 @@ def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
     return CombinedCapability(extra_capabilities(agent))
 
 
-async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any],
-                                request_context: ModelRequestContext) -> tuple[ModelResponse | None,
-                                                                               ModelRequest | None]:
+async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], request_context: ModelRequestContext,
+                                resolve_model: Callable[[str], Model]) -> tuple[ModelResponse | None,
+                                                                                ModelRequest | None]:
     """Make one model request with every model-request hook of `agent` around it, as `ModelRequestNode` does.
 
     `ctx.messages` is the run's history (a hook such as `ProcessHistory` may rewrite it in place, for the caller
     to adopt). Returns the response, or (a hook raised `ModelRetry`) the response kept for context, if the model
     was called, and the retry request pydantic-ai would send next. `SkipModelRequest`'s response is the response.
-    Errors of the model call that no `on_model_request_error` hook recovers propagate raw (the activity classifies
-    them). Not implemented: `RetryModelRequest` (another attempt, maybe on another model, as `ModelFallback`
-    does) fails the run with a `CodeModeUserError` naming it, final rather than retried with back-off.
+    `RetryModelRequest` from `prepare_model_request`, `on_model_request_error` or `after_model_request` makes
+    another attempt (`_attempts`), on the model it names (`resolve_model` builds one given as a string), as
+    `ModelFallback` asks. Errors of the model call that no hook recovers propagate raw (the activity classifies
+    them), a `FallbackExceptionGroup` when a fallback chain ran out of models.
     """
     root = await _own(agent).for_run(ctx)
-    response: ModelResponse | None = None
+    kept: list[ModelResponse] = []
 
     async def handler(request: ModelRequestContext) -> ModelResponse:
-        nonlocal response
         request = await root.before_model_request(ctx, request)
-        request = await root.prepare_model_request(ctx, request)
+        return await _attempts(root, ctx, request, resolve_model, kept)
+
+    try:
         try:
-            response = await request.model.request(request.messages, request.model_settings,
-                                                   request.model_request_parameters)
+            return await root.wrap_model_request(ctx, request_context=request_context, handler=handler), None
+        except RetryModelRequest as e:
+            raise UserError(_RETRY_OUTSIDE_ATTEMPTS) from e
+    except SkipModelRequest as e:
+        return e.response, None
+    except ModelRetry as e:
+        # As `_build_retry_node`: the model is asked again with the hook's message; what it said stays in history.
+        return (kept[-1] if kept else None), ModelRequest(
+            parts=[RetryFeedbackPart(content=e.message, retry=RetryInfo("model_retry"))])
+
+
+_RETRY_OUTSIDE_ATTEMPTS = (  # pydantic-ai's words (`_outside_attempts`)
+    "`RetryModelRequest` can only be raised from `prepare_model_request`, `on_model_request_error` or "
+    "`after_model_request`: `before_model_request` and `wrap_model_request` run once per request step, "
+    "before any attempt. To use another model for the whole step, set `request_context.model` instead.")
+
+
+async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request: ModelRequestContext,
+                    resolve_model: Callable[[str], Model], kept: list[ModelResponse]) -> ModelResponse:
+    """Attempt `request` until a response is accepted, as pydantic-ai's `ModelRequestNode._request_attempts`.
+
+    Each attempt starts from what `before_model_request` made (so one never inherits another model's preparation),
+    runs `prepare_model_request`, calls the model, and hands the error to `on_model_request_error` or the response
+    to `after_model_request`; any of the three may raise `RetryModelRequest` for another attempt. The attempts
+    moved on from are recorded on the answer (`ModelResponse.failed_attempts`, with `model_id` what
+    `ModelFallback(sticky=True)` reads back) with their usage, which the run counts. The latest response the model
+    gave goes into `kept`.
+    """
+    messages, settings, parameters = list(request.messages), request.model_settings, request.model_request_parameters
+    failed = AttemptLog()  # pinned by tests/test_compat.py
+    while True:
+        kept.clear()  # each attempt's response state starts empty, as pydantic-ai's
+        request.messages, request.model_settings = list(messages), settings
+        request.model_request_parameters = parameters
+        try:
+            prepared = await root.prepare_model_request(ctx, request)
+        except RetryModelRequest as retry:
+            _next_attempt(request, retry, resolve_model)
+            continue
+        # Like pydantic-ai, keep the object outer `wrap_model_request` hooks hold, with what a hook returned.
+        request.model, request.messages = prepared.model, list(prepared.messages)
+        request.model_settings, request.model_request_parameters = prepared.model_settings or None, \
+            prepared.model_request_parameters
+        request.model_id = prepared.model_id
+        start = AttemptStart()  # pinned by tests/test_compat.py
+        outcome: Exception | ModelResponse
+        try:
+            outcome = response = await request.model.request(request.messages, request.model_settings,
+                                                             request.model_request_parameters)
         except (ModelRetry, SkipModelRequest, RetryModelRequest):
             raise
         except Exception as e:
-            response = await root.on_model_request_error(ctx, request_context=request, error=e)
-        return await root.after_model_request(ctx, request_context=request, response=response)
+            outcome = e
+            try:
+                response = await root.on_model_request_error(ctx, request_context=request, error=e)
+            except RetryModelRequest as retry:
+                failed.record(request.model, e, start, parent=None, tracer=None)
+                _next_attempt(request, retry, resolve_model)
+                continue
+        # Which of the run's models answered, as pydantic-ai records it (`ModelFallback(sticky=True)` reads it).
+        serving = request.model_id or request.model.model_id
+        kept.append(response := failed.attach(response))
+        response.model_id = response.model_id or serving
+        try:
+            accepted = await root.after_model_request(ctx, request_context=request, response=response)
+        except RetryModelRequest as retry:
+            failed.record(request.model, outcome, start, parent=None, tracer=None)
+            _next_attempt(request, retry, resolve_model)
+            continue
+        accepted.model_id = accepted.model_id or serving
+        return accepted
 
-    try:
-        return await root.wrap_model_request(ctx, request_context=request_context, handler=handler), None
-    except SkipModelRequest as e:
-        return e.response, None
-    except RetryModelRequest as e:
-        raise CodeModeUserError(
-            f"a model-request hook of agent {agent.name!r} raised RetryModelRequest (another attempt at the request, "
-            "as ModelFallback asks), which durable runs do not support yet: retry inside the hook's own handler "
-            "call, or give the run another model (start_run(model=...))") from e
-    except ModelRetry as e:
-        # As `_build_retry_node`: the model is asked again with the hook's message; what it said stays in history.
-        return response, ModelRequest(parts=[RetryFeedbackPart(content=e.message, retry=RetryInfo("model_retry"))])
+
+def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest,
+                  resolve_model: Callable[[str], Model]) -> None:
+    """Move `request` on to its next attempt, in place, as `ModelRequestNode._start_next_attempt` does."""
+    if request.attempt >= MAX_MODEL_REQUEST_ATTEMPTS:
+        raise UserError(f"Model request was attempted more than the maximum of {MAX_MODEL_REQUEST_ATTEMPTS} times: "
+                        "a capability is raising `RetryModelRequest` without making progress.") from retry
+    if isinstance(retry.model, Model):
+        request.model, request.model_id = retry.model, None
+    elif retry.model is not None:
+        request.model, request.model_id = resolve_model(retry.model), retry.model
+    request.attempt += 1
 
 
 async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_name: str,

@@ -286,6 +286,16 @@ class CodeModeRunWorkflow:
         finally:
             repl.close()
 
+    @staticmethod
+    def _count(usage: RunUsage, response: ModelResponse, spec: AgentSpec) -> None:
+        """Add one model request, and its usage, to the run's (with its billed failed attempts, when recorded)."""
+        usage.incr(response.usage)
+        usage.requests += 1
+        if spec.counts_failed_attempts:
+            for attempt in response.failed_attempts or ():
+                if attempt.usage is not None:
+                    usage.incr(attempt.usage)
+
     async def _loop(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
     ) -> RunResult[Any]:
@@ -324,8 +334,7 @@ class CodeModeRunWorkflow:
                     messages[:] = answer.messages
                 if answer.response is None or answer.retry is not None:
                     if answer.response is not None:
-                        usage.incr(answer.response.usage)
-                        usage.requests += 1
+                        self._count(usage, answer.response, spec)
                         messages.append(answer.response)
                     assert answer.retry is not None, "a model step without a response asks for a retry"
                     self._output_retries += 1
@@ -334,8 +343,7 @@ class CodeModeRunWorkflow:
                 response = answer.response
             else:
                 response = answer
-            usage.incr(response.usage)
-            usage.requests += 1
+            self._count(usage, response, spec)
             self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
