@@ -138,3 +138,16 @@ async def test_a_key_gone_by_the_model_request_fails_that_request_once(
     failed = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED]
     assert failed[0].activity_task_failed_event_attributes.failure.application_failure_info.non_retryable
     await replay(handle)
+
+
+async def test_a_fallback_model_that_cannot_work_stops_its_worker_from_starting(
+        client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic_ai.capabilities import ModelFallback
+
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    # It would be needed only once the agent's own model fails: found then, the run would fail at the worst time.
+    agent = CodeModeAgent(Agent(scripted_model("ok"), name="falls-back",
+                                capabilities=[ModelFallback("anthropic:claude-sonnet-4-5")]))
+    with pytest.raises(CodeModeUserError, match=r"^agent 'falls-back' cannot use a fallback model "
+                       "'anthropic:claude-sonnet-4-5': ANTHROPIC_API_KEY is not set in this worker's environment"):
+        create_worker(client, [agent], task_queue=new_task_queue())
