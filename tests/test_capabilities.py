@@ -412,3 +412,27 @@ def test_hooks_of_the_run_loop_are_refused_by_name_with_the_reason() -> None:
 
     with pytest.raises(CodeModeUserError, match=r"Hooks\.prepare_tools \(the tools a run offers are recorded once"):
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[prepare]))
+
+
+async def test_a_capabilitys_model_settings_go_between_the_agents_and_the_runs(client: Client) -> None:
+    from pydantic_ai.capabilities import Thinking
+
+    sent: list[dict[str, Any]] = []
+    hooks = Hooks()
+
+    @hooks.on.before_model_request
+    async def see(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
+        # What the model is sent (a FunctionModel drops `thinking` itself, as a model without thinking does).
+        sent.append(dict(request_context.model_settings or {}))
+        return request_context
+
+    agent = Agent(scripted_model("ok"), name="cap-thinking", capabilities=[Thinking("high"), hooks],
+                  model_settings={"temperature": 0.2, "thinking": "low", "max_tokens": 50})
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq, model_settings={"max_tokens": 9})
+        assert (await handle.result()).output == "ok"
+    # As agent.run(): the capability's `thinking` over the agent's, the run's `max_tokens` over both.
+    assert sent == [{"temperature": 0.2, "thinking": "high", "max_tokens": 9}]
+    await replay(handle)

@@ -231,4 +231,7 @@ async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
     assert [(a.outcome, a.error) for a in answered.failed_attempts or []] == [("error", "RuntimeError: down")]
     assert {"attempt", "model_id"} <= set(ModelRequestContext.__dataclass_fields__)
     assert RetryModelRequest("test").model == "test" and issubclass(FallbackExceptionGroup, ExceptionGroup)
+    # The capabilities' model settings `_settings` layers between the agent's and the run's (private).
+    from pydantic_ai.capabilities import Thinking
+    assert Agent("test", capabilities=[Thinking("high")])._cap_model_settings == {"thinking": "high"}
     assert ModelFallback("test").models == ["test"] and ModelFallback("test").for_agent(agent).get_model() is None

@@ -590,12 +590,21 @@ class CodeModeAgent:
         return ModelStep(response=response, retry=retry, messages=history if rewritten else None)
 
     def _settings(self, deps: Any, model_settings: Mapping[str, Any] | None) -> ModelSettings | None:
-        settings = self.agent.model_settings
-        if callable(settings):  # per-run settings from a function of the run context
-            settings = settings(self._run_context(deps=self.run_deps(deps)))
-        if model_settings:
-            settings = merge_model_settings(settings, cast(ModelSettings, dict(model_settings)))
-        return settings
+        """The request's settings, layered as `Agent.run` layers them.
+
+        The agent's, then its capabilities' (`Thinking`), then the run's; a layer given as a function of the run
+        context sees the layers before it as `ctx.model_settings`.
+        """
+        merged: ModelSettings | None = None
+        ctx: RunContext[Any] | None = None
+        layers = (self.agent.model_settings, self.agent._cap_model_settings,  # pinned by tests/test_compat.py
+                  cast(ModelSettings, dict(model_settings)) if model_settings else None)
+        for layer in layers:
+            if callable(layer):  # per-run settings from a function of the run context
+                ctx = ctx or self._run_context(deps=self.run_deps(deps))
+                layer = layer(replace(ctx, model_settings=merged))
+            merged = merge_model_settings(merged, layer)
+        return merged
 
     async def check_output(self, messages: list[ModelMessage], response: ModelResponse, *, retries: int,
                            deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> OutputVerdict:

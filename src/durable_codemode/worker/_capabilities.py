@@ -60,7 +60,8 @@ MODEL_REQUEST_HOOKS = frozenset({
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 """Of these, `before_run` is called once per run, in the describe activity (`run_before_run`)."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run"}
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "get_model_settings"}
+"""`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity."""
 
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
 REFUSED_HOOKS: dict[str, str] = {
@@ -84,7 +85,6 @@ REFUSED_HOOKS: dict[str, str] = {
     "get_model": "the run's model is the agent's or start_run(model=...): give the agent a model of its own "
                  "(ModelFallback then falls back from it)",
     "resolve_model_id": "the run's model is the agent's or start_run(model=...)",
-    "get_model_settings": "a run's model settings are the agent's and start_run(model_settings=...)",
     "handle_deferred_tool_calls": "a durable run pauses a call for approval itself (ToolOptions(requires_approval))",
     "get_instructions": "not yet: a run records its instructions once, at its start, and a capability's are not "
                         "checked to be the same at every step",
