@@ -436,3 +436,33 @@ async def test_a_capabilitys_model_settings_go_between_the_agents_and_the_runs(c
     # As agent.run(): the capability's `thinking` over the agent's, the run's `max_tokens` over both.
     assert sent == [{"temperature": 0.2, "thinking": "high", "max_tokens": 9}]
     await replay(handle)
+
+
+@dataclass
+class _HouseStyle(AbstractCapability[Any]):
+    """A capability that contributes instructions, one of them a function of the run's deps."""
+
+    def get_instructions(self) -> Any:
+        def for_tenant(ctx: RunContext[Tenant]) -> str:
+            return f"Address {ctx.deps.tenant} formally."
+        return ["Be brief.", for_tenant]
+
+
+async def test_a_capabilitys_instructions_are_resolved_at_the_start_and_sent_with_every_request(
+        client: Client) -> None:
+    sent: list[str | None] = []
+
+    def step(messages: list[ModelMessage]) -> Any:
+        sent.append(next(m.instructions for m in reversed(messages) if isinstance(m, ModelRequest)))
+        return RunCode("1 + 1") if len(sent) == 1 else "done"
+
+    agent = Agent(scripted_model(step, step), name="cap-instructions", deps_type=Tenant, instructions="Sell stock.",
+                  capabilities=[_HouseStyle()])
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq, deps=Tenant("acme"))
+        assert (await handle.result()).output == "done"
+    # As agent.run() sends them (the agent's, then the capability's), with the run's deps, on both requests.
+    assert sent == ["Sell stock.\n\nBe brief.\n\nAddress acme formally."] * 2
+    await replay(handle)

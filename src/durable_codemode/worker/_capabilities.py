@@ -8,7 +8,9 @@ answer in the output activity, all on the worker. There:
   `prepare_model_request`, the model call with `on_model_request_error`, `after_model_request`), each chained over
   the capabilities by pydantic-ai's own `CombinedCapability`, in the order `ModelRequestNode` calls them. That covers
   `ProcessHistory` (a `before_model_request` hook): the history it writes back is adopted by the run, as in
-  `agent.run()`.
+  `agent.run()`. The attempt loop is pydantic-ai's too (`RetryModelRequest`, so `ModelFallback` works);
+- a capability's model settings (`Thinking`) are layered into every request's, and its instructions are resolved
+  with the agent's when the run starts (`before_run` runs then too, in the describe activity).
 
 The rest belongs to pydantic-ai's run loop, which a durable run does not drive (`REFUSED_HOOKS` says why for each);
 a capability with one of those is refused by name, never silently dropped.
@@ -60,8 +62,10 @@ MODEL_REQUEST_HOOKS = frozenset({
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 """Of these, `before_run` is called once per run, in the describe activity (`run_before_run`)."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "get_model_settings"}
-"""`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity."""
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "get_model_settings",
+                                                                    "get_instructions"}
+"""`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
+`get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded."""
 
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
 REFUSED_HOOKS: dict[str, str] = {
@@ -86,8 +90,6 @@ REFUSED_HOOKS: dict[str, str] = {
                  "(ModelFallback then falls back from it)",
     "resolve_model_id": "the run's model is the agent's or start_run(model=...)",
     "handle_deferred_tool_calls": "a durable run pauses a call for approval itself (ToolOptions(requires_approval))",
-    "get_instructions": "not yet: a run records its instructions once, at its start, and a capability's are not "
-                        "checked to be the same at every step",
     "get_default_run_id": "a durable run's id is its workflow id",
     "get_default_conversation_id": "a durable run's id is its workflow id",
     "get_run_clock": "a durable run's clock is its workflow's (workflow.now())",
