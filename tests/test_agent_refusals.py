@@ -30,8 +30,14 @@ def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() ->
     async def end(ctx, *, result):  # type: ignore[no-untyped-def]
         return result
 
-    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks: Hooks\.after_run \(.*made in "
-                                                r"workflow code.*model-request hooks.*agent\.run\(\)"):
+    assert CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks])).name == "hooked"  # after_run: applied
+
+    @hooks.on.run_error
+    async def failed(ctx, *, error):  # type: ignore[no-untyped-def]
+        raise error
+
+    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks: Hooks\.on_run_error \(.*decided "
+                                                r"in workflow code.*model-request hooks.*agent\.run\(\)"):
         CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks]))
 
 

@@ -11,7 +11,7 @@ pydantic-ai's run loop, which a durable run does not drive, are refused by name 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, run_result, start_run
 from durable_codemode._types import ModelRequestInput
+from durable_codemode.debugging import trace_run
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,
@@ -466,3 +467,54 @@ async def test_a_capabilitys_instructions_are_resolved_at_the_start_and_sent_wit
     # As agent.run() sends them (the agent's, then the capability's), with the run's deps, on both requests.
     assert sent == ["Sell stock.\n\nBe brief.\n\nAddress acme formally."] * 2
     await replay(handle)
+
+
+async def test_after_run_hooks_see_the_runs_result_and_may_replace_its_output(client: Client) -> None:
+    seen: list[tuple[str, int, int, str]] = []
+    hooks = Hooks()
+
+    @hooks.on.after_run
+    async def stamp(ctx: RunContext[Tenant], *, result: Any) -> Any:
+        # The result as agent.run() hands it over: the typed output, the run's history and usage.
+        seen.append((ctx.deps.tenant, len(result.all_messages()), result.usage.requests, type(result.output).__name__))
+        return replace(result, output=Stock(units=result.output.units + 1000))
+
+    agent = Agent(scripted_model(RunCode("await stock(sku='abcde')"),
+                                 FinalOutput({"units": 5})), name="cap-after-run", deps_type=Tenant,
+                  output_type=Stock, capabilities=[hooks])
+
+    @agent.tool_plain
+    def stock(sku: str) -> int:
+        """Units of `sku` in stock."""
+        return len(sku)
+
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"))
+        result = await run_result(handle, Stock)
+        trace = await trace_run(client, handle.id)
+    assert result.output == Stock(units=1005)
+    # Once, when the run ended, never in the worker's probing runs: prompt, run_code call, its result, answer.
+    assert seen == [("acme", 4, 2, "Stock")]
+    # The after-run activity is the run's bookkeeping, not a tool call: the trace lists the one stock() call.
+    assert [c.tool for c in trace.nested_calls] == ["stock"] and trace.output == {"units": 1005}
+    await replay(handle)
+
+
+async def test_an_after_run_hook_that_raises_fails_the_run_with_its_message(client: Client) -> None:
+    hooks = Hooks()
+    calls: list[str] = []
+
+    @hooks.on.after_run
+    async def audit(ctx: RunContext[None], *, result: Any) -> Any:
+        calls.append(result.output)
+        raise PermissionError("answers mentioning secrets are withheld")
+
+    failed = await _failed_run(client, Agent(scripted_model("the secret is 42"), name="cap-after-run-fails",
+                                             capabilities=[hooks]))
+    cause = failed.cause if failed is not None else None  # the run's failure, then the activity's, then the hook's
+    assert getattr(cause, "type", None) == "PermissionError", cause
+    assert "an after_run hook of agent 'cap-after-run-fails' failed the run: PermissionError: answers mentioning " \
+           "secrets are withheld" in str(cause)
+    assert calls == ["the secret is 42"]  # final: not retried

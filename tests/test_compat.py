@@ -234,4 +234,12 @@ async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
     # The capabilities' model settings `_settings` layers between the agent's and the run's (private).
     from pydantic_ai.capabilities import Thinking
     assert Agent("test", capabilities=[Thinking("high")])._cap_model_settings == {"thinking": "high"}
+    # The result `CodeModeAgent.after_run` builds for after_run hooks (private state).
+    from pydantic_ai import AgentRunResult
+    from pydantic_ai._agent_graph import GraphAgentState
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+    from pydantic_ai.usage import RunUsage
+    history = [ModelRequest(parts=[UserPromptPart("hi")]), ModelResponse(parts=[TextPart("ok")])]
+    built = AgentRunResult(output="ok", _state=GraphAgentState(message_history=history, usage=RunUsage(requests=1)))
+    assert (built.output, built.all_messages(), built.usage.requests) == ("ok", history, 1)
     assert ModelFallback("test").models == ["test"] and ModelFallback("test").for_agent(agent).get_model() is None

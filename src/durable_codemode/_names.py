@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 __all__ = [
+    "AFTER_RUN_ACTIVITY",
     "AGENT_MEMO",
     "AGENT_SEARCH_ATTRIBUTE",
     "BATCH_ACTIVITY",
@@ -49,6 +50,10 @@ DESCRIBE_AGENT_ACTIVITY = "durable-codemode.describe_agent"
 OUTPUT_ACTIVITY = "durable-codemode.output"
 """Checks a response that may end the run against the agent's output type and output validators (pydantic-ai's
 own output processing, with the run's deps): the validated output, or pydantic-ai's retry request."""
+
+AFTER_RUN_ACTIVITY = "durable-codemode.after_run"
+"""Runs the capabilities' `after_run` hooks on a run's result, once its output is decided: the output they return
+(pydantic-ai's `AgentRunResult.output`, maybe replaced) is the run's."""
 
 OUTPUT_CHECK_SUMMARY = "check the output of model turn "
 """The start of an output activity's summary, followed by its turn's index (read back by `codemode trace`)."""

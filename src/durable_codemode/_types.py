@@ -246,6 +246,10 @@ class AgentSpec:
     the model activity then runs them around the model call and answers a `ModelStep` (the response, and the
     history when a hook rewrote it), which the run adopts. `False`: no such hooks, or a run recorded before they
     were applied: the activity answers a bare `ModelResponse`, as every such run recorded."""
+    after_run_hooks: bool = False
+    """Whether the agent's capabilities have `after_run` hooks: the run's output, once decided, goes through them
+    in the after-run activity, and the output they return is the run's. `False`: no such hooks, or a run recorded
+    before they were applied (it ends with its output as it ran)."""
     counts_failed_attempts: bool = False
     """Whether the run's usage counts the tokens of the attempts a response records it moved on from
     (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
@@ -419,6 +423,18 @@ class OutputInput:
     """Output retries used so far (`ctx.retry` of output validators; past the budget the run fails)."""
     deps: Any = None
     model_settings: dict[str, Any] | None = None
+
+
+@dataclass
+class AfterRunInput:
+    """The input of the after-run activity: a run's decided output (as JSON) and what its `AgentRunResult` holds."""
+
+    agent: str
+    model: str | None
+    messages: list[ModelMessage]
+    output: Any
+    usage: RunUsage
+    deps: Any = None
 
 
 @dataclass(kw_only=True)

@@ -37,6 +37,7 @@ from .._approvals import (
 from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError
 from .._names import (
+    AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
@@ -406,7 +407,8 @@ class _Assembler:
         capture = self.capture.get(parsed.run.run_id)
         recorded = {t.index: t for t in self.summary_of(run_index)}
         requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
-        tools = [a for a in parsed.activities if a.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY)]
+        tools = [a for a in parsed.activities
+                 if a.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY, AFTER_RUN_ACTIVITY)]
         checks = {a.summary.removeprefix(OUTPUT_CHECK_SUMMARY): a for a in parsed.activities
                   if a.activity_type == OUTPUT_ACTIVITY and a.summary and a.summary.startswith(OUTPUT_CHECK_SUMMARY)}
         output_tools = parsed.spec.output.tool_names if parsed.spec and parsed.spec.output else frozenset()

@@ -25,6 +25,7 @@ from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError
 from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
+    AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
@@ -33,6 +34,7 @@ from .._names import (
     SEAL_REPL_ACTIVITY,
 )
 from .._types import (
+    AfterRunInput,
     AgentSpec,
     BatchInput,
     BatchResult,
@@ -101,8 +103,8 @@ class CodeModeActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
-        return [self.describe_agent, self.model_request, self.check_output, self.seal_repl, self.compute,
-                self.run_tool, self.run_batch]
+        return [self.describe_agent, self.model_request, self.check_output, self.after_run, self.seal_repl,
+                self.compute, self.run_tool, self.run_batch]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
@@ -194,6 +196,24 @@ class CodeModeActivities:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except Exception as e:
             raise ApplicationError(f"the output of agent {input.agent!r} could not be checked: "
+                                   f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
+                                   non_retryable=True) from e
+
+    @activity.defn(name=AFTER_RUN_ACTIVITY)
+    async def after_run(self, input: AfterRunInput) -> Any:
+        """The run's output after its capabilities' `after_run` hooks (`CodeModeAgent.after_run`), as JSON.
+
+        The hooks may do I/O: a transient failure is retried; any other exception of a hook is final and fails the
+        run with the hook's message (as it would fail `agent.run()`).
+        """
+        agent = self.agent(input.agent)
+        try:
+            return await heartbeating(agent.after_run(input.model, input.messages, input.output, input.usage,
+                                                      deps=input.deps))
+        except TRANSIENT as e:
+            raise ApplicationError(message_of(e), type=type(e).__name__) from e
+        except Exception as e:
+            raise ApplicationError(f"an after_run hook of agent {input.agent!r} failed the run: "
                                    f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
                                    non_retryable=True) from e
 

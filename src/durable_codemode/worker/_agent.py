@@ -14,7 +14,8 @@ from dataclasses import asdict, replace
 from typing import Any, Union, cast
 
 from pydantic import TypeAdapter, ValidationError
-from pydantic_ai import Agent, CallToolsNode, RunContext
+from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
+from pydantic_ai._agent_graph import GraphAgentState
 from pydantic_ai._output import types_from_output_spec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
@@ -43,9 +44,11 @@ from ._capabilities import (
     call_through_hooks,
     extra_capabilities,
     fallback_model_names,
+    has_after_run_hooks,
     has_model_request_hooks,
     probing,
     request_through_hooks,
+    run_after_run,
     run_before_run,
     unapplied_hooks,
 )
@@ -239,6 +242,7 @@ class CodeModeAgent:
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._model_hooked = has_model_request_hooks(agent)
+        self._after_run_hooked = has_after_run_hooks(agent)
         """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
@@ -483,6 +487,7 @@ class CodeModeAgent:
             compute_escalation=True,
             records_type_check_rejections=True,
             model_request_hooks=self._model_hooked, counts_failed_attempts=True,
+            after_run_hooks=self._after_run_hooked,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
             files=files,
@@ -641,6 +646,21 @@ class CodeModeAgent:
             return OutputVerdict(retry=last)
         assert run.result is not None
         return OutputVerdict(output=jsonable(run.result.output))
+
+    async def after_run(self, override: str | None, messages: list[ModelMessage], output: Any, usage: RunUsage, *,
+                        deps: Any = None) -> Any:
+        """The run's output (JSON) after the capabilities' `after_run` hooks, which may replace it.
+
+        They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and an
+        `AgentRunResult` whose `output` is the decided output rebuilt as the agent's output type, whose
+        `all_messages()` is the run's history and whose `usage` its usage.
+        """
+        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
+                      messages=list(messages), usage=usage, prompt=_last_prompt(messages))
+        typed = _adapter(self.output_type).validate_python(output)
+        result = AgentRunResult(output=typed, _state=GraphAgentState(  # pinned by tests/test_compat.py
+            message_history=list(messages), usage=usage))
+        return jsonable(await run_after_run(self.agent, ctx, result))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
                         deps: Any = None, recorded_schema: str | None = None) -> Any:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from pydantic_ai import Agent, RunContext
+from pydantic_ai import Agent, AgentRunResult, RunContext
 from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
 from pydantic_ai._fallback import AttemptLog
 from pydantic_ai._model_request_attempts import AttemptStart
@@ -37,9 +37,20 @@ from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.toolsets import CombinedToolset
 
-__all__ = ["APPLIED_HOOKS", "REFUSED_HOOKS", "call_through_hooks", "extra_capabilities", "fallback_model_names",
-           "has_model_request_hooks",
-           "probing", "request_through_hooks", "run_before_run", "unapplied_hooks"]
+__all__ = [
+    "APPLIED_HOOKS",
+    "REFUSED_HOOKS",
+    "call_through_hooks",
+    "extra_capabilities",
+    "fallback_model_names",
+    "has_after_run_hooks",
+    "has_model_request_hooks",
+    "probing",
+    "request_through_hooks",
+    "run_after_run",
+    "run_before_run",
+    "unapplied_hooks",
+]
 
 TOOL_HOOKS = frozenset({
     "before_tool_validate", "after_tool_validate", "wrap_tool_validate", "on_tool_validate_error",
@@ -60,16 +71,17 @@ MODEL_REQUEST_HOOKS = frozenset({
 """Dispatched by `request_through_hooks` in the model activity, around the model call of each request."""
 
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
-"""Of these, `before_run` is called once per run, in the describe activity (`run_before_run`)."""
+"""Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), and `after_run` once
+its output is decided, in the after-run activity (`run_after_run`)."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "get_model_settings",
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "after_run", "get_model_settings",
                                                                     "get_instructions"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded."""
 
+
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
 REFUSED_HOOKS: dict[str, str] = {
-    "after_run": f"{_OUR_LOOP}: the run's result is made in workflow code, not by an AgentRunResult",
     "wrap_run": f"{_OUR_LOOP}: nothing on one worker spans a run that may outlive it (continue-as-new, approvals)",
     "on_run_error": f"{_OUR_LOOP}: a run's failure is decided in workflow code and cannot be recovered by a hook",
     "before_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
@@ -160,6 +172,11 @@ def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
     return any(_hooks_of(capability) & MODEL_REQUEST_HOOKS for capability in extra_capabilities(agent))
 
 
+def has_after_run_hooks(agent: Agent[Any, Any]) -> bool:
+    """Whether a capability of `agent` has an `after_run` hook (its runs' outputs go through the after-run activity)."""
+    return any("after_run" in _hooks_of(capability) for capability in extra_capabilities(agent))
+
+
 class _Quiet(WrapperCapability[Any]):
     """A capability with its run and model-request hooks masked, for the worker's probing runs.
 
@@ -228,6 +245,11 @@ async def run_before_run(agent: Agent[Any, Any], ctx: RunContext[Any]) -> None:
     """Call the capabilities' `before_run` hooks once, at the start of a durable run (in describe)."""
     if any("before_run" in _hooks_of(c) for c in extra_capabilities(agent)):
         await (await _own(agent).for_run(ctx)).before_run(ctx)
+
+
+async def run_after_run(agent: Agent[Any, Any], ctx: RunContext[Any], result: AgentRunResult[Any]) -> Any:
+    """Call the capabilities' `after_run` hooks on a run's result, as `agent.run()` does; the output they return."""
+    return (await (await _own(agent).for_run(ctx)).after_run(ctx, result=result)).output
 
 
 def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:

@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
+        AFTER_RUN_ACTIVITY,
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         OUTPUT_ACTIVITY,
@@ -66,6 +67,7 @@ with workflow.unsafe.imports_passed_through():
     from .._results import preview
     from .._signing import ApproverKeyring
     from .._types import (
+        AfterRunInput,
         AgentSpec,
         CallRecord,
         Continuation,
@@ -353,7 +355,7 @@ class CodeModeRunWorkflow:
             out = spec.output
             if out is None and not calls:
                 if text:
-                    return self._result(text, cont)
+                    return await self._finish(input, messages, text, cont)
                 messages.append(self._request([RetryFeedbackPart(
                     "Your response had neither text nor a tool call; answer in text or call a tool.",
                     retry=RetryInfo("no_output"))]))
@@ -370,7 +372,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
                                                    counts=not maybe_text)
                 if verdict.retry is None:
-                    return self._result(verdict.output, cont)
+                    return await self._finish(input, messages, verdict.output, cont)
                 if not functions:
                     messages.append(self._request(list(verdict.retry.parts)))
                     continue
@@ -402,9 +404,30 @@ class CodeModeRunWorkflow:
                 verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
                                                              output_calls, index)
                 if verdict.retry is None:
-                    return self._result(verdict.output, cont)
+                    return await self._finish(input, messages, verdict.output, cont)
                 retry_parts = list(verdict.retry.parts)
             messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
+
+    async def _finish(self, input: RunInput, messages: list[ModelMessage], output: Any,
+                      cont: Continuation) -> RunResult[Any]:
+        """End the run with `output`, through the capabilities' `after_run` hooks when it recorded that it has any."""
+        if cont.spec.after_run_hooks:
+            try:
+                output = await workflow.execute_activity(
+                    AFTER_RUN_ACTIVITY,
+                    AfterRunInput(agent=cont.spec.agent, model=input.model, messages=messages, output=output,
+                                  usage=cont.usage, deps=input.deps),
+                    start_to_close_timeout=_OUTPUT_TIMEOUT,
+                    heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
+                    retry_policy=_MODEL_RETRY,
+                    summary="after_run hooks",
+                )
+            except ActivityError as e:
+                cause = e.cause
+                if isinstance(cause, ApplicationError):
+                    raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
+                raise
+        return self._result(output, cont)
 
     def _result(self, output: Any, cont: Continuation) -> RunResult[Any]:
         bound_turns(cont.turns)
