@@ -277,7 +277,8 @@ async def test_a_model_hook_that_always_asks_for_a_retry_ends_the_run_at_the_out
     assert len(tries) == 3  # the first try and 2 retries, each once (the failure is final, not retried)
 
 
-def _stock_agent(model: Any, name: str, **options: Any) -> Agent[None, Any]:
+def _stock_agent(model: Any, name: str, **options: Any) -> Agent[Any, Any]:
+    """An agent on `model` with one sandbox tool, `stock(sku) -> len(sku)`."""
     agent = Agent(model, name=name, **options)
 
     @agent.tool_plain
@@ -479,15 +480,8 @@ async def test_after_run_hooks_see_the_runs_result_and_may_replace_its_output(cl
         seen.append((ctx.deps.tenant, len(result.all_messages()), result.usage.requests, type(result.output).__name__))
         return replace(result, output=Stock(units=result.output.units + 1000))
 
-    agent = Agent(scripted_model(RunCode("await stock(sku='abcde')"),
-                                 FinalOutput({"units": 5})), name="cap-after-run", deps_type=Tenant,
-                  output_type=Stock, capabilities=[hooks])
-
-    @agent.tool_plain
-    def stock(sku: str) -> int:
-        """Units of `sku` in stock."""
-        return len(sku)
-
+    agent = _stock_agent(scripted_model(RunCode("await stock(sku='abcde')"), FinalOutput({"units": 5})),
+                         "cap-after-run", deps_type=Tenant, output_type=Stock, capabilities=[hooks])
     cm = CodeModeAgent(agent)
     tq = new_task_queue()
     async with running_worker(client, [cm], task_queue=tq):
