@@ -231,8 +231,10 @@ async def run(args: argparse.Namespace) -> int:
     batches: list[Batch] = []
     try:
         client = env.client
+        slot_option = {} if args.slots is None else {"max_concurrent_workflow_tasks": args.slots}
         cm_worker = create_worker(client, [make_agent(m, args.calls) for m in modes], task_queue=CM_QUEUE, pool=pool,
-                                  max_cached_workflows=args.cache, max_concurrent_activities=args.activities)
+                                  max_cached_workflows=args.cache, max_concurrent_activities=args.activities,
+                                  **slot_option)
         slots = cm_worker.config()["max_concurrent_workflow_tasks"]  # create_worker's default for this pool
         settings["max_concurrent_workflow_tasks"] = slots
         floor_worker = Worker(client, task_queue=FLOOR_QUEUE, workflows=[FloorWorkflow], activities=FLOOR_ACTIVITIES,
@@ -284,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="PoolSettings.max_processes; the worker's max_concurrent_workflow_tasks is "
                         "create_worker's default for it (4, or the pool if smaller) "
                         f"(default {PoolSettings().max_processes}: PoolSettings' default, 4 per usable CPU)")
+    parser.add_argument("--slots", type=int, help="max_concurrent_workflow_tasks of the code-mode worker, at most "
+                        "--pool (default: create_worker's default for the pool)")
     parser.add_argument("--cache", type=int, default=1000, help="max_cached_workflows of both workers (default "
                         "1000, the SDK's)")
     parser.add_argument("--activities", type=int, default=100, help="max_concurrent_activities of both workers "
@@ -297,6 +301,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.runs, args.calls, args.reps, args.cache + 1, args.activities) < 1 or args.timeout <= 0:
         parser.error("--runs, --calls, --reps and --activities must be at least 1, --cache at least 0")
+    if args.slots is not None and not 2 <= args.slots <= args.pool:
+        parser.error("--slots must be from 2 to --pool (create_worker refuses more slots than sandbox processes)")
     if args.pool < 2:
         parser.error("--pool must be at least 2 (PoolSettings)")
     run_and_exit(run(args))
