@@ -15,12 +15,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
-from pydantic_ai.capabilities import AbstractCapability, Hooks, ProcessHistory
+from pydantic_ai.capabilities import AbstractCapability, Hooks, Instrumentation, ProcessHistory
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.instrumented import InstrumentationSettings
 from temporalio.client import Client, WorkflowFailureError
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, run_result, start_run
@@ -512,3 +516,60 @@ async def test_an_after_run_hook_that_raises_fails_the_run_with_its_message(clie
     assert "an after_run hook of agent 'cap-after-run-fails' failed the run: PermissionError: answers mentioning " \
            "secrets are withheld" in str(cause)
     assert calls == ["the secret is 42"]  # final: not retried
+
+
+def _span_exporter() -> tuple[Any, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+@pytest.mark.parametrize("how", ["agent.instrument", "Instrumentation capability", "agent.instrument and hooks"])
+async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_the_activities(
+    client: Client, how: str
+) -> None:
+    provider, exporter = _span_exporter()
+    settings = InstrumentationSettings(tracer_provider=provider)
+    program = "import asyncio\nawait asyncio.gather(stock(sku='ab'), stock(sku='abc'))"
+    runs: list[str | None] = []
+    hooks = Hooks()
+    requests: list[int] = []
+
+    @hooks.on.before_model_request
+    async def count(ctx: RunContext[None], request_context: ModelRequestContext) -> ModelRequestContext:
+        requests.append(ctx.run_step)
+        return request_context
+
+    capabilities: list[AbstractCapability[None]] = {
+        "agent.instrument": [], "Instrumentation capability": [Instrumentation(settings=settings)],
+        "agent.instrument and hooks": [hooks]}[how]
+    agent = Agent(scripted_model(RunCode(program), lambda m: str(last_result(m))), name=f"cap-instr-{len(how)}",
+                  capabilities=capabilities)
+    if how.startswith("agent.instrument"):
+        agent.instrument = settings  # what `Agent.instrument_all()` / Logfire's `instrument_pydantic_ai()` do
+
+    @agent.tool
+    def stock(ctx: RunContext[None], sku: str) -> int:
+        """Units of `sku` in stock."""
+        runs.append(ctx.run_id)
+        return len(sku)
+
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "stock?", task_queue=tq)
+        result = await handle.result()
+    assert result.output == "{'result': [2, 3]}"
+    spans = exporter.get_finished_spans()
+    chats = [s for s in spans if (s.attributes or {}).get("gen_ai.operation.name") == "chat"]
+    # one span per model request the run made, none for the worker's probing runs (describe, output check)
+    assert [s.name for s in chats] == ["chat scripted", "chat scripted"]
+    tools = sorted((s.name, str((s.attributes or {}).get("gen_ai.tool.call.id"))) for s in spans
+                   if s.name.startswith("execute_tool"))
+    assert tools == [("execute_tool stock", "call_0.0"), ("execute_tool stock", "call_0.1")]
+    # a durable run outlives any worker: its span is the workflow's (`create_worker(tracing=True)`), not an agent run's
+    assert not [s.name for s in spans if s.name.startswith(("invoke_agent", "agent run"))]
+    assert runs == [handle.id, handle.id]  # a tool's `ctx.run_id` is the durable run's id
+    assert len(requests) == (2 if capabilities == [hooks] else 0)  # the hooked request path is traced too
+    await replay(handle)

@@ -243,3 +243,31 @@ async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
     built = AgentRunResult(output="ok", _state=GraphAgentState(message_history=history, usage=RunUsage(requests=1)))
     assert (built.output, built.all_messages(), built.usage.requests) == ("ok", history, 1)
     assert ModelFallback("test").models == ["test"] and ModelFallback("test").for_agent(agent).get_model() is None
+
+
+async def test_the_pydantic_ai_instrumentation_surface_we_call_is_there() -> None:
+    import inspect
+    from dataclasses import fields
+
+    from pydantic_ai import Agent, RunContext
+    from pydantic_ai.capabilities import AbstractCapability, Instrumentation
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    # `instrumentation_of` reads what `Agent.iter` resolves (private): the agent's `instrument`, else the default.
+    agent = Agent("test")
+    assert agent._resolve_instrumentation_settings() is None
+    settings = InstrumentationSettings()
+    agent.instrument = settings
+    assert agent._resolve_instrumentation_settings() is settings
+    agent.instrument = True
+    assert isinstance(agent._resolve_instrumentation_settings(), InstrumentationSettings)
+    # `instrumented_context` copies these settings onto the run context, as `Agent.iter` does.
+    assert {"tracer", "include_content", "version"} <= set(vars(settings))
+    assert {"tracer", "trace_include_content", "instrumentation_version", "run_id"} <= {
+        f.name for f in fields(RunContext)}
+    # The capability: built from settings, bound per run by `for_run`, spans made by its model-request and run hooks.
+    instrumentation = Instrumentation(settings=settings)
+    assert "for_run" in vars(Instrumentation) and inspect.iscoroutinefunction(Instrumentation.for_run)
+    for hook in ("wrap_run", "wrap_model_request", "wrap_tool_execute"):
+        assert getattr(Instrumentation, hook) is not getattr(AbstractCapability, hook), hook
+    assert instrumentation.settings is settings

@@ -413,3 +413,35 @@ async def test_the_runs_of_a_continue_as_new_chain_are_sibling_spans(
     for before, after in itertools.pairwise(runs):
         assert before.end_time and after.start_time and before.end_time <= after.start_time
     await replay(handle)
+
+
+async def test_pydantic_ais_own_spans_hang_under_the_activities_that_made_them(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    agent = Agent(scripted_model(RunCode("await get(i=2)"), "done"), name="otel-pydantic-ai")
+    agent.instrument = InstrumentationSettings()  # the global provider, as Logfire's `instrument_pydantic_ai()`
+
+    @agent.tool_plain
+    def get(i: int) -> int:
+        return i
+
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks") as client_span:
+        async with running_worker(traced, [CodeModeAgent(agent)], task_queue=tq):
+            handle = await start_run(traced, "otel-pydantic-ai", "go", task_queue=tq)
+            assert (await handle.result()).output == "done"
+    trace_id = client_span.get_span_context().trace_id
+    spans = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id]
+    by_id = {s.context.span_id: s for s in spans if s.context}
+
+    def parent_of(span: ReadableSpan) -> str:
+        return by_id[span.parent.span_id].name if span.parent and span.parent.span_id in by_id else "(none)"
+
+    made = sorted((s.name, parent_of(s)) for s in spans if s.name.startswith(("chat ", "execute_tool", "invoke_agent")))
+    assert made == [("chat scripted", "codemode.attempt durable-codemode.model_request"),
+                    ("chat scripted", "codemode.attempt durable-codemode.model_request"),
+                    ("execute_tool get", "codemode.attempt otel-pydantic-ai.get")]
+    await replay(handle)

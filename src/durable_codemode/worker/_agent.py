@@ -28,6 +28,7 @@ from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
+from temporalio import activity
 
 from .._approvals import RecordedApproverPolicy
 from .._catalog import CATALOG_FUNCTIONS
@@ -46,6 +47,9 @@ from ._capabilities import (
     fallback_model_names,
     has_after_run_hooks,
     has_model_request_hooks,
+    instrumentation_of,
+    instrumented_context,
+    instrumented_request,
     probing,
     request_through_hooks,
     run_after_run,
@@ -307,6 +311,7 @@ class CodeModeAgent:
             retry=attempt - 1,
             retries={tool_name: attempt - 1} if tool_name else {},
             max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
+            run_id=activity.info().workflow_id if activity.in_activity() else None,  # the durable run's id
         )
         validation = self.agent._validation_context  # pinned by tests/test_compat.py
         return replace(ctx, validation_context=validation(ctx) if callable(validation) else validation)
@@ -554,7 +559,14 @@ class CodeModeAgent:
         recorded output spec says what output to ask for (the model resolves `auto` and prompted instructions).
         """
         model = self.resolve_model(override)
-        return await model.request(messages, self._settings(deps, model_settings), self._parameters(tools, output))
+        settings, parameters = self._settings(deps, model_settings), self._parameters(tools, output)
+        instrumentation = instrumentation_of(self.agent)
+        if instrumentation is None:
+            return await model.request(messages, settings, parameters)
+        ctx = replace(instrumented_context(self._run_context(deps=self.run_deps(deps)), instrumentation),
+                      model=model, messages=list(messages), model_settings=settings, prompt=_last_prompt(messages))
+        return await instrumented_request(self.agent, ctx, ModelRequestContext(
+            model=model, messages=list(messages), model_settings=settings, model_request_parameters=parameters))
 
     @staticmethod
     def _parameters(tools: list[ToolDefinition], output: OutputSpec | None) -> ModelRequestParameters:
@@ -578,7 +590,8 @@ class CodeModeAgent:
         model = self.resolve_model(override)
         settings = self._settings(deps, model_settings)
         history = list(messages)
-        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=model, messages=history,
+        ctx = replace(instrumented_context(self._run_context(deps=self.run_deps(deps)), instrumentation_of(self.agent)),
+                      model=model, messages=history,
                       usage=usage or RunUsage(), run_step=run_step, model_settings=settings,
                       prompt=_last_prompt(messages))
         chosen = override or self.agent.model
@@ -695,8 +708,10 @@ class CodeModeAgent:
                 "against, so the call was not made. Runs started from now on see the new schema; start a new run "
                 "to use it")
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
+        instrumentation = instrumentation_of(self.agent)
         try:
-            if self._hooked:
+            if self._hooked or instrumentation is not None:
+                ctx = instrumented_context(ctx, instrumentation)
                 return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
             validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
             return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))

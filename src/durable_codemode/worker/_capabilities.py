@@ -10,7 +10,13 @@ answer in the output activity, all on the worker. There:
   `ProcessHistory` (a `before_model_request` hook): the history it writes back is adopted by the run, as in
   `agent.run()`. The attempt loop is pydantic-ai's too (`RetryModelRequest`, so `ModelFallback` works);
 - a capability's model settings (`Thinking`) are layered into every request's, and its instructions are resolved
-  with the agent's when the run starts (`before_run` runs then too, in the describe activity).
+  with the agent's when the run starts (`before_run` runs then too, in the describe activity);
+- pydantic-ai's `Instrumentation` (an agent's own, or the one `agent.instrument` / `Agent.instrument_all()` inject,
+  which is how Logfire's `instrument_pydantic_ai()` switches it on) makes its model-request, tool and
+  output-function spans in the activities that do that work. It is the worker's concern, not the run's: it is read
+  at every call (instrumentation is often switched on after the agents are built) and never changes what a run
+  records. Its agent-run span (`wrap_run`) is not made: a durable run outlives any one worker, and its span is the
+  workflow's (`create_worker(tracing=True)`), under which the activities' spans, and so these, hang.
 
 The rest belongs to pydantic-ai's run loop, which a durable run does not drive (`REFUSED_HOOKS` says why for each);
 a capability with one of those is refused by name, never silently dropped.
@@ -22,6 +28,7 @@ import functools
 import inspect
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 from pydantic_ai import Agent, AgentRunResult, RunContext
@@ -29,7 +36,14 @@ from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
 from pydantic_ai._fallback import AttemptLog
 from pydantic_ai._model_request_attempts import AttemptStart
 from pydantic_ai._utils import Some
-from pydantic_ai.capabilities import AbstractCapability, CombinedCapability, Hooks, ModelFallback, WrapperCapability
+from pydantic_ai.capabilities import (
+    AbstractCapability,
+    CombinedCapability,
+    Hooks,
+    Instrumentation,
+    ModelFallback,
+    WrapperCapability,
+)
 from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
 from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest, UserError
 from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
@@ -45,6 +59,9 @@ __all__ = [
     "fallback_model_names",
     "has_after_run_hooks",
     "has_model_request_hooks",
+    "instrumentation_of",
+    "instrumented_context",
+    "instrumented_request",
     "probing",
     "request_through_hooks",
     "run_after_run",
@@ -145,8 +162,40 @@ def _capabilities(agent: Agent[Any, Any]) -> list[AbstractCapability[Any]]:
 
 
 def extra_capabilities(agent: Agent[Any, Any]) -> list[AbstractCapability[Any]]:
-    """The capabilities `agent` was given, beyond the ones every agent has."""
-    return [c for c in _capabilities(agent) if type(c) not in _built_in()]
+    """The capabilities `agent` was given, beyond the ones every agent has and its `Instrumentation`.
+
+    `Instrumentation` is left out because it belongs to the worker, not to the run (`instrumentation_of`): whether
+    a worker traces must not change what a run records (`AgentSpec`'s hook flags are computed from these).
+    """
+    return [c for c in _capabilities(agent) if type(c) not in _built_in() and type(c) is not Instrumentation]
+
+
+def instrumentation_of(agent: Agent[Any, Any]) -> Instrumentation | None:
+    """The `Instrumentation` that `agent.run()` would apply now: the agent's own, else the injected one, else none.
+
+    As `Agent.iter` resolves it: an explicit capability wins, else `agent.instrument`, else
+    `Agent.instrument_all()`'s default (what Logfire's `instrument_pydantic_ai()` sets). Read at each call, not
+    when the `CodeModeAgent` is built, since instrumentation is usually switched on at process start, after the
+    agents are imported.
+    """
+    for capability in _capabilities(agent):
+        if type(capability) is Instrumentation:  # a subclass may add hooks: it stays in `extra_capabilities`
+            return capability
+    settings = agent._resolve_instrumentation_settings()  # pinned by tests/test_compat.py
+    return None if settings is None else Instrumentation(settings=settings)
+
+
+def instrumented_context(ctx: RunContext[Any], instrumentation: Instrumentation | None) -> RunContext[Any]:
+    """`ctx` with the tracer and content flag pydantic-ai gives an instrumented run's context.
+
+    As `Agent.iter` sets them (`_set_run_context_instrumentation`), so tools and hooks that trace through
+    `ctx.tracer` do.
+    """
+    if instrumentation is None:
+        return ctx
+    settings = instrumentation.settings
+    return replace(ctx, tracer=settings.tracer, trace_include_content=settings.include_content,
+                   instrumentation_version=settings.version)
 
 
 def unapplied_hooks(agent: Agent[Any, Any]) -> list[str]:
@@ -219,21 +268,45 @@ class _Quiet(WrapperCapability[Any]):
         raise error
 
 
+class _QuietInstrumentation(Instrumentation):
+    """`Instrumentation` without its run and model-request spans, for the worker's probing runs.
+
+    A probe is not a run of the user's and its model is the worker's `FunctionModel`: an "agent run" span and a
+    "chat function" span for it would be noise beside the real request's span from the model activity. The
+    output-function span stays, since the output check is where an output function runs.
+    """
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
+        return await handler()
+
+    async def wrap_model_request(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
+                                 handler: WrapModelRequestHandler) -> ModelResponse:
+        return await handler(request_context)
+
+
 _MASKED = RUN_HOOKS | MODEL_REQUEST_HOOKS
 
 
 @contextmanager
 def probing(agent: Agent[Any, Any]) -> Iterator[None]:
-    """Within: `agent`'s runs (in this task) call none of its run or model-request hooks (`_Quiet`).
+    """Within: `agent`'s runs (in this task) call none of its run or model-request hooks, and make no such spans.
+
+    The hooks are masked by `_Quiet`, the spans by `_QuietInstrumentation` (which also stops pydantic-ai injecting
+    its own `Instrumentation`).
 
     Uses the override slot `Agent.override(spec=...)` sets (a `ContextVar`, so concurrent activities on the
     worker, and `agent.run()` elsewhere in the process, are untouched).
     """
     masked = [c for c in extra_capabilities(agent) if _hooks_of(c) & _MASKED]
-    if not masked:
+    instrumentation = instrumentation_of(agent)
+    if not masked and instrumentation is None:
         yield
         return
-    quiet = CombinedCapability([_Quiet(c) if c in masked else c for c in _capabilities(agent)])
+    layers: list[AbstractCapability[Any]] = [
+        _Quiet(c) if c in masked else c for c in _capabilities(agent) if type(c) is not Instrumentation]
+    if instrumentation is not None:
+        layers.insert(0, _QuietInstrumentation(settings=instrumentation.settings))
+    quiet = CombinedCapability(layers)
     token = agent._override_root_capability.set(Some(quiet))  # pinned by tests/test_compat.py
     try:
         yield
@@ -253,8 +326,25 @@ async def run_after_run(agent: Agent[Any, Any], ctx: RunContext[Any], result: Ag
 
 
 def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
-    """The capabilities `agent` was given, chained by pydantic-ai (its own ones serve its agent graph's state)."""
-    return CombinedCapability(extra_capabilities(agent))
+    """The capabilities `agent` was given, chained by pydantic-ai, its `Instrumentation` (if any now) outermost.
+
+    Its own ones (what every agent has) serve its agent graph's state; `Agent.iter` puts `Instrumentation` first.
+    """
+    instrumentation = instrumentation_of(agent)
+    return CombinedCapability([*([instrumentation] if instrumentation else []), *extra_capabilities(agent)])
+
+
+async def instrumented_request(agent: Agent[Any, Any], ctx: RunContext[Any],
+                               request_context: ModelRequestContext) -> ModelResponse:
+    """One model request of an agent without model-request hooks, inside its `Instrumentation`'s span if any."""
+    async def handler(request: ModelRequestContext) -> ModelResponse:
+        return await request.model.request(request.messages, request.model_settings, request.model_request_parameters)
+
+    instrumentation = instrumentation_of(agent)
+    if instrumentation is None:
+        return await handler(request_context)
+    root = await instrumentation.for_run(ctx)
+    return await root.wrap_model_request(ctx, request_context=request_context, handler=handler)
 
 
 async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], request_context: ModelRequestContext,
@@ -372,7 +462,11 @@ async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_
     The durable run has already decided the call may run (an approval, if it needed one, was given in workflow
     code), so it goes in approved. Validation errors and `ModelRetry` propagate raw, for the activity to classify.
     """
-    root = await agent.root_capability.for_run(ctx)
+    instrumentation = instrumentation_of(agent)
+    capability: AbstractCapability[Any] = agent.root_capability
+    if instrumentation is not None and instrumentation not in _capabilities(agent):
+        capability = CombinedCapability([instrumentation, capability])  # as `Agent.iter` injects it, outermost
+    root = await capability.for_run(ctx)
     manager = await ToolManager(toolset=CombinedToolset(agent.toolsets), root_capability=root).for_run_step(ctx)
     return await manager.handle_call(ToolCallPart(tool_name, args, tool_call_id=ctx.tool_call_id or ""),
                                      approved=True, wrap_validation_errors=False)
