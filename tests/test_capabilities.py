@@ -25,9 +25,9 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
-from durable_codemode import CodeModeAgent, CodeModeUserError, run_result, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, RunResult, run_result, start_run
 from durable_codemode._types import ModelRequestInput
 from durable_codemode.debugging import trace_run
 from durable_codemode.testing import (
@@ -80,6 +80,18 @@ def hooked_agent(name: str, *steps: Any, log: list[tuple[str, ...]], **options: 
     return agent
 
 
+async def completed_run(client: Client, agent: Agent[Any, Any], prompt: str, *, output_type: type | None = None,
+                        **start_options: Any) -> tuple[WorkflowHandle[Any, Any], RunResult[Any]]:
+    """Run `agent` on `prompt` to the end on a worker of its own, and replay its history."""
+    cm = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, prompt, task_queue=tq, **start_options)
+        result = await (run_result(handle, output_type) if output_type else handle.result())
+    await replay(handle)
+    return handle, result
+
+
 PROGRAM = """\
 import asyncio
 units = await asyncio.gather(stock(sku="ab"), stock(sku="abc"))
@@ -93,11 +105,7 @@ except Exception as e:
 async def test_tool_hooks_fire_for_sandbox_and_native_calls_with_the_calls_context(client: Client) -> None:
     log: list[tuple[str, ...]] = []
     agent = hooked_agent("cap-tools", RunCode(PROGRAM), CallTool("whoami"), lambda m: str(last_result(m)), log=log)
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"))
-        result = await handle.result()
+    _, result = await completed_run(client, agent, "stock?", deps=Tenant("acme"))
     snippet = result.turns[0].snippets[0]
     # after_tool_execute doubled each result; before_tool_execute blocked one call, which the program caught.
     assert '"result": [[4, 6], "sku \'forbidden\' is off limits for this agent"]' in snippet.result
@@ -105,7 +113,6 @@ async def test_tool_hooks_fire_for_sandbox_and_native_calls_with_the_calls_conte
     before = sorted(entry[1:4] for entry in log if entry[0] == "before")
     assert before == [("stock", "acme", "call_0.0"), ("stock", "acme", "call_0.1"), ("stock", "acme", "call_0.2"),
                       ("whoami", "acme", "call_1")]
-    await replay(handle)
 
 
 async def test_output_hooks_fire_on_the_answer(client: Client) -> None:
@@ -121,13 +128,8 @@ async def test_output_hooks_fire_on_the_answer(client: Client) -> None:
 
     agent = Agent(scripted_model(FinalOutput({"units": 0}), FinalOutput({"units": 3})), name="cap-output",
                   output_type=Stock, capabilities=[hooks])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq)
-        result = await run_result(handle, Stock)
+    _, result = await completed_run(client, agent, "stock?", output_type=Stock)
     assert result.output == Stock(units=30) and seen == [0, 3]
-    await replay(handle)
 
 
 async def test_model_request_hooks_run_in_the_model_activity_with_the_runs_context(client: Client) -> None:
@@ -160,16 +162,11 @@ async def test_model_request_hooks_run_in_the_model_activity_with_the_runs_conte
         """Units of `sku` in stock."""
         return len(sku)
 
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"))
-        result = await handle.result()
+    _, result = await completed_run(client, agent, "stock?", deps=Tenant("acme"))
     assert result.output.startswith("STOCK: ") and "3" in result.output  # after_model_request's version
     # Once per request, never in the worker's probing runs (describe, the output check): deps, the run's history
     # (the prompt; then prompt, run_code call, its result), the run step and the usage so far.
     assert seen == [("acme", 1, 1, 0), ("acme", 3, 2, 1)]
-    await replay(handle)
 
 
 def _drop_old(messages: list[ModelMessage]) -> list[ModelMessage]:
@@ -193,11 +190,7 @@ async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(c
         return ModelResponse(parts=[ToolCallPart("run_code", {"code": f"{count}"}, tool_call_id=f"c{count}")])
 
     agent = Agent(FunctionModel(respond), name="cap-history", capabilities=[ProcessHistory(_drop_old)])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "count to 3", task_queue=tq)
-        result = await handle.result()
+    handle, result = await completed_run(client, agent, "count to 3")
     # Unprocessed, the model would see 1, 3, 5, 7 messages; processed, never more than the task and the last request.
     assert sizes == [1, 2, 2, 2]
     assert result.output == "counted to 3 seeing 1"
@@ -208,7 +201,6 @@ async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(c
             for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
             and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
     assert [len(m) for m in sent] == [1, 3, 4, 4]  # not adopted: [1, 3, 5, 7]
-    await replay(handle)
 
 
 async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or_tool(client: Client) -> None:
@@ -313,16 +305,11 @@ async def test_model_fallback_moves_a_failing_request_to_the_next_model_and_stic
     backup = scripted_model(RunCode("await stock(sku='abcd')"), backup_step, name="backup")
     agent = _stock_agent(FunctionModel(primary, model_name="primary"), "cap-fallback",
                          capabilities=[ModelFallback(backup, sticky=True)])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq)
-        result = await handle.result()
+    _, result = await completed_run(client, agent, "stock?")
     assert result.output == "stock: {'result': 4}" and result.usage.requests == 2
     # Asked once: its 503 moved the first request to the backup, and (sticky) the second went there directly.
     assert primary_asked == [1]
     assert seen_attempts == [["primary"]]
-    await replay(handle)
 
 
 async def test_a_rejected_response_is_not_kept_but_its_tokens_are_counted(client: Client) -> None:
@@ -343,15 +330,10 @@ async def test_a_rejected_response_is_not_kept_but_its_tokens_are_counted(client
     finisher = FunctionModel(final, model_name="finisher")
     agent = _stock_agent(FunctionModel(draft, model_name="drafter"), "cap-reject",
                          capabilities=[ModelFallback(finisher, fallback_on=is_draft)])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "go", task_queue=tq)
-        result = await handle.result()
+    _, result = await completed_run(client, agent, "go")
     assert result.output == "final"
     # One request the run acted on; the rejected draft's tokens were billed, so they count (as in agent.run()).
     assert (result.usage.requests, result.usage.input_tokens, result.usage.output_tokens) == (1, 110, 9)
-    await replay(handle)
 
 
 async def test_a_fallback_chain_that_runs_out_of_models_fails_the_run_naming_every_failure(client: Client) -> None:
@@ -434,14 +416,10 @@ async def test_a_capabilitys_model_settings_go_between_the_agents_and_the_runs(c
 
     agent = Agent(scripted_model("ok"), name="cap-thinking", capabilities=[Thinking("high"), hooks],
                   model_settings={"temperature": 0.2, "thinking": "low", "max_tokens": 50})
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "go", task_queue=tq, model_settings={"max_tokens": 9})
-        assert (await handle.result()).output == "ok"
+    _, result = await completed_run(client, agent, "go", model_settings={"max_tokens": 9})
+    assert result.output == "ok"
     # As agent.run(): the capability's `thinking` over the agent's, the run's `max_tokens` over both.
     assert sent == [{"temperature": 0.2, "thinking": "high", "max_tokens": 9}]
-    await replay(handle)
 
 
 @dataclass
@@ -464,14 +442,10 @@ async def test_a_capabilitys_instructions_are_resolved_at_the_start_and_sent_wit
 
     agent = Agent(scripted_model(step, step), name="cap-instructions", deps_type=Tenant, instructions="Sell stock.",
                   capabilities=[_HouseStyle()])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "go", task_queue=tq, deps=Tenant("acme"))
-        assert (await handle.result()).output == "done"
+    _, result = await completed_run(client, agent, "go", deps=Tenant("acme"))
+    assert result.output == "done"
     # As agent.run() sends them (the agent's, then the capability's), with the run's deps, on both requests.
     assert sent == ["Sell stock.\n\nBe brief.\n\nAddress acme formally."] * 2
-    await replay(handle)
 
 
 async def test_after_run_hooks_see_the_runs_result_and_may_replace_its_output(client: Client) -> None:
@@ -486,18 +460,13 @@ async def test_after_run_hooks_see_the_runs_result_and_may_replace_its_output(cl
 
     agent = _stock_agent(scripted_model(RunCode("await stock(sku='abcde')"), FinalOutput({"units": 5})),
                          "cap-after-run", deps_type=Tenant, output_type=Stock, capabilities=[hooks])
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"))
-        result = await run_result(handle, Stock)
-        trace = await trace_run(client, handle.id)
+    handle, result = await completed_run(client, agent, "stock?", deps=Tenant("acme"), output_type=Stock)
+    trace = await trace_run(client, handle.id)
     assert result.output == Stock(units=1005)
     # Once, when the run ended, never in the worker's probing runs: prompt, run_code call, its result, answer.
     assert seen == [("acme", 4, 2, "Stock")]
     # The after-run activity is the run's bookkeeping, not a tool call: the trace lists the one stock() call.
     assert [c.tool for c in trace.nested_calls] == ["stock"] and trace.output == {"units": 1005}
-    await replay(handle)
 
 
 async def test_an_after_run_hook_that_raises_fails_the_run_with_its_message(client: Client) -> None:
@@ -555,11 +524,7 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
         runs.append(ctx.run_id)
         return len(sku)
 
-    cm = CodeModeAgent(agent)
-    tq = new_task_queue()
-    async with running_worker(client, [cm], task_queue=tq):
-        handle = await start_run(client, cm, "stock?", task_queue=tq)
-        result = await handle.result()
+    handle, result = await completed_run(client, agent, "stock?")
     assert result.output == "{'result': [2, 3]}"
     spans = exporter.get_finished_spans()
     chats = [s for s in spans if (s.attributes or {}).get("gen_ai.operation.name") == "chat"]
@@ -572,4 +537,3 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
     assert not [s.name for s in spans if s.name.startswith(("invoke_agent", "agent run"))]
     assert runs == [handle.id, handle.id]  # a tool's `ctx.run_id` is the durable run's id
     assert len(requests) == (2 if capabilities == [hooks] else 0)  # the hooked request path is traced too
-    await replay(handle)

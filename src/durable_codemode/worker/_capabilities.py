@@ -425,8 +425,7 @@ async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request
             try:
                 response = await root.on_model_request_error(ctx, request_context=request, error=e)
             except RetryModelRequest as retry:
-                failed.record(request.model, e, start, parent=None, tracer=None)
-                _next_attempt(request, retry, resolve_model)
+                _next_attempt(request, retry, resolve_model, failed=(failed, e, start))
                 continue
         # Which of the run's models answered, as pydantic-ai records it (`ModelFallback(sticky=True)` reads it).
         serving = request.model_id or request.model.model_id
@@ -435,16 +434,22 @@ async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request
         try:
             accepted = await root.after_model_request(ctx, request_context=request, response=response)
         except RetryModelRequest as retry:
-            failed.record(request.model, outcome, start, parent=None, tracer=None)
-            _next_attempt(request, retry, resolve_model)
+            _next_attempt(request, retry, resolve_model, failed=(failed, outcome, start))
             continue
         accepted.model_id = accepted.model_id or serving
         return accepted
 
 
-def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest,
-                  resolve_model: Callable[[str], Model]) -> None:
-    """Move `request` on to its next attempt, in place, as `ModelRequestNode._start_next_attempt` does."""
+def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest, resolve_model: Callable[[str], Model], *,
+                  failed: tuple[AttemptLog, Exception | ModelResponse, AttemptStart] | None = None) -> None:
+    """Move `request` on to its next attempt, in place, as `ModelRequestNode._start_next_attempt` does.
+
+    `failed` is the log, failure and start of an attempt that got as far as the model, to record it as moved on
+    from (an attempt `prepare_model_request` retried never reached a model).
+    """
+    if failed is not None:
+        log, failure, start = failed
+        log.record(request.model, failure, start, parent=None, tracer=None)
     if request.attempt >= MAX_MODEL_REQUEST_ATTEMPTS:
         raise UserError(f"Model request was attempted more than the maximum of {MAX_MODEL_REQUEST_ATTEMPTS} times: "
                         "a capability is raising `RetryModelRequest` without making progress.") from retry

@@ -119,6 +119,24 @@ def _raised(name: str | None, message: str) -> Settled:
     return {"exc_type": "RuntimeError", "message": f"{name}: {message}"}
 
 
+async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type | None, summary: str) -> Any:
+    """Run an output-deciding activity (the output check, `after_run`), whose final failure is the run's.
+
+    Its `ApplicationError` (a validator's or hook's, by then past its retries or not retryable) ends the run with
+    the same message and type, not retried: the workflow failure says what the user's code said, not "activity
+    failed".
+    """
+    try:
+        return await workflow.execute_activity(
+            activity, arg, result_type=result_type, start_to_close_timeout=_OUTPUT_TIMEOUT,
+            heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT, retry_policy=_MODEL_RETRY, summary=summary)
+    except ActivityError as e:
+        cause = e.cause
+        if isinstance(cause, ApplicationError):
+            raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
+        raise
+
+
 def _tool_error(tool: str, error: ActivityError) -> Settled:
     cause = error.cause
     if isinstance(cause, ApplicationError):
@@ -412,21 +430,13 @@ class CodeModeRunWorkflow:
                       cont: Continuation) -> RunResult[Any]:
         """End the run with `output`, through the capabilities' `after_run` hooks when it recorded that it has any."""
         if cont.spec.after_run_hooks:
-            try:
-                output = await workflow.execute_activity(
-                    AFTER_RUN_ACTIVITY,
-                    AfterRunInput(agent=cont.spec.agent, model=input.model, messages=messages, output=output,
-                                  usage=cont.usage, deps=input.deps),
-                    start_to_close_timeout=_OUTPUT_TIMEOUT,
-                    heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
-                    retry_policy=_MODEL_RETRY,
-                    summary="after_run hooks",
-                )
-            except ActivityError as e:
-                cause = e.cause
-                if isinstance(cause, ApplicationError):
-                    raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
-                raise
+            output = await _run_deciding_activity(
+                AFTER_RUN_ACTIVITY,
+                AfterRunInput(agent=cont.spec.agent, model=input.model, messages=messages, output=output,
+                              usage=cont.usage, deps=input.deps),
+                result_type=None,
+                summary="after_run hooks",
+            )
         return self._result(output, cont)
 
     def _result(self, output: Any, cont: Continuation) -> RunResult[Any]:
@@ -460,22 +470,13 @@ class CodeModeRunWorkflow:
         assert self._spec is not None
         run_here = {id(c) for c in functions}
         candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
-        try:
-            verdict: OutputVerdict = await workflow.execute_activity(
-                OUTPUT_ACTIVITY,
-                OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
-                            retries=self._output_retries, deps=input.deps, model_settings=input.model_settings),
-                result_type=OutputVerdict,
-                start_to_close_timeout=_OUTPUT_TIMEOUT,
-                heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
-                retry_policy=_MODEL_RETRY,
-                summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
-            )
-        except ActivityError as e:
-            cause = e.cause
-            if isinstance(cause, ApplicationError):
-                raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
-            raise
+        verdict: OutputVerdict = await _run_deciding_activity(
+            OUTPUT_ACTIVITY,
+            OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
+                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings),
+            result_type=OutputVerdict,
+            summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
+        )
         if verdict.retry is not None and counts:
             self._output_retries += 1
         return verdict
