@@ -59,3 +59,16 @@ def test_agent_options_a_durable_run_would_not_apply_are_refused_by_name(options
 
 def test_a_plain_agent_is_accepted() -> None:
     assert CodeModeAgent(Agent("test", name="plain")).name == "plain"
+
+
+async def test_a_sandbox_tool_named_like_a_private_name_is_refused_with_the_fix() -> None:
+    from durable_codemode import ToolOptions
+
+    agent = Agent("test", name="private-tool")
+    agent.tool_plain(name="_hidden")(lambda x: x)
+    with pytest.raises(CodeModeUserError, match=r"'private-tool' has sandbox tools whose names start with '_' "
+                                                r"\(_hidden\): programs cannot call them.*Rename them"):
+        await CodeModeAgent(agent).tools()
+    # A native tool (the model calls it directly) or an agent without code mode keeps the name.
+    assert "_hidden" in await CodeModeAgent(agent, tool_options={"_hidden": ToolOptions(in_sandbox=False)}).tools()
+    assert "_hidden" in await CodeModeAgent(agent, code_mode=False).tools()

@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
-from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai import Agent, ModelRetry, RunContext, Tool
 from pydantic_ai.capabilities import AbstractCapability, Hooks, Instrumentation, ProcessHistory
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models import ModelRequestContext
@@ -537,3 +537,57 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
     assert not [s.name for s in spans if s.name.startswith(("invoke_agent", "agent run"))]
     assert runs == [handle.id, handle.id]  # a tool's `ctx.run_id` is the durable run's id
     assert len(requests) == (2 if capabilities == [hooks] else 0)  # the hooked request path is traced too
+
+
+def _price(sku: str) -> int:
+    """Price of `sku`, in cents."""
+    return len(sku) * 10
+
+
+def _tenant_stock(ctx: RunContext[Tenant], sku: str) -> str:
+    """Stock of `sku` for the run's tenant."""
+    return f"{ctx.deps.tenant}:{len(sku)}"
+
+
+async def test_toolsets_a_capability_contributes_are_the_runs_tools(client: Client) -> None:
+    from pydantic_ai.capabilities import NativeOrLocalTool, PrefixTools, Toolset
+    from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
+
+    def per_tenant(ctx: RunContext[Tenant]) -> FunctionToolset[Tenant]:
+        return FunctionToolset([Tool(_tenant_stock, name="tenant_stock")])  # built when the run starts
+
+    def audit(ctx: RunContext[Tenant]) -> FunctionToolset[Tenant]:
+        def audited(sku: str) -> str:
+            """Who audits `sku`."""
+            return f"{ctx.deps.tenant} audits {sku}"
+        return FunctionToolset([audited])
+
+    program = ("import asyncio\nawait asyncio.gather(price(sku='ab'), shop_price(sku='abc'), local_price(sku='a'),"
+               " tenant_stock(sku='abcd'), audited(sku='x'))")
+    agent = Agent(scripted_model(RunCode(program), lambda m: str(last_result(m))), name="cap-toolsets",
+                  deps_type=Tenant, capabilities=[
+                      Toolset(FunctionToolset([Tool(_price, name="price")])),
+                      PrefixTools(Toolset(FunctionToolset([Tool(_price, name="price")])), prefix="shop"),
+                      NativeOrLocalTool(native=False, local=Tool(_price, name="local_price")),
+                      Toolset(DynamicToolset(per_tenant, per_run_step=False))])
+    agent.toolset(per_run_step=False)(audit)
+    _, result = await completed_run(client, agent, "prices?", deps=Tenant("acme"))
+    assert result.output == "{'result': [20, 30, 10, 'acme:4', 'acme audits x']}"
+
+
+def test_toolsets_that_would_change_under_a_recorded_run_are_refused_by_name() -> None:
+    agent = Agent("test", name="cap-dynamic")
+
+    @agent.toolset
+    def per_step(ctx: RunContext[None]) -> None:
+        return None
+
+    with pytest.raises(CodeModeUserError, match=r"a dynamic toolset \(per_step\) rebuilt at every run step .* "
+                                                r"declare it with per_run_step=False"):
+        CodeModeAgent(agent)
+    from pydantic_ai.mcp import MCPToolset
+
+    per_user = MCPToolset("http://localhost:9/mcp", headers=lambda ctx: {"x-user": str(ctx.deps)})
+    with pytest.raises(CodeModeUserError, match=r"an MCP server \(MCPToolset 'localhost'\) whose auth or headers are "
+                                                r"a function of the run .* give it fixed auth and headers"):
+        CodeModeAgent(Agent("test", name="cap-mcp-per-user", toolsets=[per_user]))

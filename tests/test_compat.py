@@ -271,3 +271,27 @@ async def test_the_pydantic_ai_instrumentation_surface_we_call_is_there() -> Non
     for hook in ("wrap_run", "wrap_model_request", "wrap_tool_execute"):
         assert getattr(Instrumentation, hook) is not getattr(AbstractCapability, hook), hook
     assert instrumentation.settings is settings
+
+
+async def test_the_pydantic_ai_toolset_surface_we_read_is_there() -> None:
+    from pydantic_ai import Agent, RunContext
+    from pydantic_ai.agent import _build_run_capabilities
+    from pydantic_ai.capabilities import Toolset, WrapperCapability
+    from pydantic_ai.mcp import MCPToolset
+    from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
+
+    # `registered_capabilities`: a capability's toolset finds its owner in `ctx.capabilities`, keyed as registered.
+    owned = Toolset(FunctionToolset([]))
+    agent = Agent("test", capabilities=[owned])
+    assert owned in _build_run_capabilities(agent.root_capability).values()
+    # `_unsupported_toolsets`: a dynamic toolset's factory and whether it is rebuilt per step; an MCP server's
+    # per-run auth/headers.
+    def factory(ctx: RunContext[None]) -> None:
+        return None
+
+    dynamic = DynamicToolset(factory, per_run_step=False)
+    assert dynamic.toolset_func is factory and dynamic.per_run_step is False
+    assert MCPToolset("http://localhost:9/mcp", headers=lambda ctx: {})._resolves_per_run is True
+    assert MCPToolset("http://localhost:9/mcp", headers={"a": "b"})._resolves_per_run is False
+    # `_hooks_of` tells a wrapper's own overrides from WrapperCapability's delegation.
+    assert "get_toolset" in vars(WrapperCapability) and "before_tool_execute" in vars(WrapperCapability)

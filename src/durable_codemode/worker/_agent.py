@@ -24,7 +24,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings, merge_model_settings
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
@@ -51,6 +51,7 @@ from ._capabilities import (
     instrumented_context,
     instrumented_request,
     probing,
+    registered_capabilities,
     request_through_hooks,
     run_after_run,
     run_before_run,
@@ -66,6 +67,7 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
     """What `agent` declares that a durable run would not apply, by name (refused, never silently dropped)."""
     found = [f"capability hooks: {'; '.join(unapplied)} (a durable run applies a capability's tool, output and "
              "model-request hooks, ProcessHistory among them)" for unapplied in [unapplied_hooks(agent)] if unapplied]
+    found.extend(_unsupported_toolsets(agent))
     if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
@@ -78,6 +80,27 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
                       "use ToolOptions(requires_approval=True) instead)")
     if schema.allows_pending_model_response:
         found.append("PendingModelResponse in its output_type (background model responses)")
+    return found
+
+
+def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
+    """The toolsets of `agent` whose tools would change under a recorded run, or that connect per run."""
+    leaves: list[AbstractToolset[Any]] = []
+    for toolset in agent.toolsets:
+        toolset.apply(leaves.append)
+    found = []
+    for toolset in leaves:
+        name = getattr(toolset, "toolset_func", None)
+        if isinstance(toolset, DynamicToolset) and toolset.per_run_step:
+            found.append(
+                f"a dynamic toolset ({getattr(name, '__name__', toolset.label)}) rebuilt at every run step (a run's "
+                "tools are recorded once, when it starts, and its programs are checked against them): declare it "
+                "with per_run_step=False (`@agent.toolset(per_run_step=False)`, `DynamicToolset(..., "
+                "per_run_step=False)`), so it is built from each run's context (its deps) when the run starts")
+        if getattr(toolset, "_resolves_per_run", False):  # an MCPToolset's (mcp is optional); pinned by test_compat
+            found.append(
+                f"an MCP server ({toolset.label}) whose auth or headers are a function of the run (a durable run's "
+                "calls share the worker's connection to the server): give it fixed auth and headers")
     return found
 
 
@@ -312,6 +335,7 @@ class CodeModeAgent:
             retries={tool_name: attempt - 1} if tool_name else {},
             max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
             run_id=activity.info().workflow_id if activity.in_activity() else None,  # the durable run's id
+            capabilities=registered_capabilities(self.agent),
         )
         validation = self.agent._validation_context  # pinned by tests/test_compat.py
         return replace(ctx, validation_context=validation(ctx) if callable(validation) else validation)
@@ -336,7 +360,8 @@ class CodeModeAgent:
 
     async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
-        for toolset in self.agent.toolsets:
+        for agent_toolset in self.agent.toolsets:
+            toolset = await agent_toolset.for_run(ctx)  # a dynamic toolset is built, from the run's context
             for tool_name, tool in (await toolset.get_tools(ctx)).items():
                 if mcp_toolsets([tool.toolset]):  # stubs and native calls describe the value a call returns
                     tool = replace(tool, tool_def=as_received(tool.tool_def))
@@ -344,6 +369,13 @@ class CodeModeAgent:
         if RUN_CODE_TOOL in found and self.code_mode:
             raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
                                     "mode gives its own tool: rename it")
+        private = sorted(name for name, (_, tool) in found.items()
+                         if name.startswith("_") and self._in_sandbox(tool.tool_def, self.options_for(tool.tool_def)))
+        if private:
+            raise CodeModeUserError(
+                f"agent {self.name!r} has sandbox tools whose names start with '_' ({', '.join(private)}): programs "
+                "cannot call them, since the sandbox's type checker takes such names for private ones. Rename them "
+                "(`Tool(fn, name=...)`), or make them native tools (ToolOptions(in_sandbox=False))")
         taken = sorted(CATALOG_FUNCTIONS & set(found)) if self.code_mode and self.catalog.mode != "stubs" else []
         if taken:
             raise CodeModeUserError(

@@ -63,6 +63,7 @@ __all__ = [
     "instrumented_context",
     "instrumented_request",
     "probing",
+    "registered_capabilities",
     "request_through_hooks",
     "run_after_run",
     "run_before_run",
@@ -92,7 +93,7 @@ RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 its output is decided, in the after-run activity (`run_after_run`)."""
 
 APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "after_run", "get_model_settings",
-                                                                    "get_instructions"}
+                                                                    "get_instructions", "get_toolset"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded."""
 
@@ -146,6 +147,11 @@ def _hooks_of(capability: AbstractCapability[Any]) -> set[str]:
     """The hooks `capability` acts through: a `Hooks`' registered ones, else the methods its class overrides."""
     if isinstance(capability, Hooks):
         return {name for name, entries in capability._registry.items() if entries}  # pinned by test_compat
+    if isinstance(capability, WrapperCapability):  # e.g. `PrefixTools`: what it adds, and what it wraps does
+        return {name for name in _hook_names()
+                if getattr(type(capability), name, None) not in (getattr(AbstractCapability, name),
+                                                                 getattr(WrapperCapability, name, None))
+                } | _hooks_of(capability.wrapped)
     return {name for name in _hook_names()
             if getattr(type(capability), name, None) is not getattr(AbstractCapability, name)}
 
@@ -185,6 +191,16 @@ def instrumentation_of(agent: Agent[Any, Any]) -> Instrumentation | None:
     return None if settings is None else Instrumentation(settings=settings)
 
 
+def registered_capabilities(agent: Agent[Any, Any]) -> dict[str, AbstractCapability[Any]]:
+    """`ctx.capabilities` as `Agent.iter` registers them: every capability of the agent under its id.
+
+    A capability's toolset (`Toolset`, a local `WebSearch`, ...) finds its owner there when it lists its tools.
+    """
+    from pydantic_ai.agent import _build_run_capabilities  # pinned by tests/test_compat.py
+
+    return _build_run_capabilities(agent.root_capability)
+
+
 def instrumented_context(ctx: RunContext[Any], instrumentation: Instrumentation | None) -> RunContext[Any]:
     """`ctx` with the tracer and content flag pydantic-ai gives an instrumented run's context.
 
@@ -207,7 +223,16 @@ def unapplied_hooks(agent: Agent[Any, Any]) -> list[str]:
     return [f"{type(capability).__name__}.{hook} ({REFUSED_HOOKS.get(hook, _OUR_LOOP)})"
             for capability in extra_capabilities(agent)
             for hook in sorted(_hooks_of(capability) - APPLIED_HOOKS)
-            if hook != "get_model" or capability.get_model() is not None]
+            if _contributes(capability, hook)]
+
+
+def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
+    """Whether `capability`'s override of `hook` gives the run something (else it is harmless to leave uncalled)."""
+    if hook == "get_model":
+        return capability.get_model() is not None
+    if hook == "get_native_tools":
+        return bool(capability.get_native_tools())
+    return True
 
 
 def fallback_model_names(agent: Agent[Any, Any]) -> list[str]:
@@ -472,6 +497,7 @@ async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_
     if instrumentation is not None and instrumentation not in _capabilities(agent):
         capability = CombinedCapability([instrumentation, capability])  # as `Agent.iter` injects it, outermost
     root = await capability.for_run(ctx)
-    manager = await ToolManager(toolset=CombinedToolset(agent.toolsets), root_capability=root).for_run_step(ctx)
+    toolset = await CombinedToolset(agent.toolsets).for_run(ctx)  # a dynamic toolset is built, as in `_read_tools`
+    manager = await ToolManager(toolset=toolset, root_capability=root).for_run_step(ctx)
     return await manager.handle_call(ToolCallPart(tool_name, args, tool_call_id=ctx.tool_call_id or ""),
                                      approved=True, wrap_validation_errors=False)
