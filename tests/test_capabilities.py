@@ -25,6 +25,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Text
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.tools import ToolDefinition
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, RunResult, run_result, start_run
@@ -392,14 +393,14 @@ def test_hooks_of_the_run_loop_are_refused_by_name_with_the_reason() -> None:
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[hooks]))
     with pytest.raises(CodeModeUserError, match=r"_RunWrapper\.wrap_run \(.*may outlive it"):
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[_RunWrapper()]))
-    prepare = Hooks()
+    events = Hooks()
 
-    @prepare.on.prepare_tools
-    async def hide(ctx: RunContext[None], tool_defs: list[Any]) -> list[Any]:
-        return tool_defs
+    @events.on.event
+    async def see(ctx: RunContext[None], event: Any) -> Any:
+        return event
 
-    with pytest.raises(CodeModeUserError, match=r"Hooks\.prepare_tools \(the tools a run offers are recorded once"):
-        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[prepare]))
+    with pytest.raises(CodeModeUserError, match=r"Hooks\.on_event \(a durable run has no event stream"):
+        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[events]))
 
 
 async def test_a_capabilitys_model_settings_go_between_the_agents_and_the_runs(client: Client) -> None:
@@ -591,3 +592,47 @@ def test_toolsets_that_would_change_under_a_recorded_run_are_refused_by_name() -
     with pytest.raises(CodeModeUserError, match=r"an MCP server \(MCPToolset 'localhost'\) whose auth or headers are "
                                                 r"a function of the run .* give it fixed auth and headers"):
         CodeModeAgent(Agent("test", name="cap-mcp-per-user", toolsets=[per_user]))
+
+
+async def test_tool_preparation_runs_once_at_the_start_with_the_runs_prompt_and_deps(client: Client) -> None:
+    from pydantic_ai.capabilities import PrepareOutputTools, PrepareTools
+
+    seen: list[tuple[str, str, list[str]]] = []
+
+    async def for_tenant(ctx: RunContext[Tenant], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        seen.append((ctx.deps.tenant, str(ctx.prompt), sorted(d.name for d in tool_defs)))
+        return [replace(d, description=f"{d.description} (for {ctx.deps.tenant})") for d in tool_defs
+                if d.name != "stock" or ctx.deps.tenant != "guest"]
+
+    async def house_style(ctx: RunContext[Tenant], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        return [replace(d, description="Give the stock answer.") for d in tool_defs]
+
+    offered: list[tuple[str, list[str]]] = []
+
+    def step(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        (run_code,) = info.function_tools
+        offered.append((run_code.description or "", [t.description or "" for t in info.output_tools]))
+        if len(offered) == 1:
+            return ModelResponse(parts=[ToolCallPart("run_code", {"code": "await stock(sku='abc')"})])
+        answer = last_result(messages)
+        units = answer["result"] if isinstance(answer, dict) else 0  # a rejected program's answer is a message
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {"units": units})])
+
+    def agent_for(name: str) -> Agent[Tenant, Stock]:
+        return _stock_agent(FunctionModel(step), name, deps_type=Tenant, output_type=Stock,
+                            capabilities=[PrepareTools(for_tenant), PrepareOutputTools(house_style)])
+
+    _, result = await completed_run(client, agent_for("cap-prepare"), "stock of abc?", deps=Tenant("acme"),
+                                    output_type=Stock)
+    assert result.output == Stock(units=3)
+    # Once, at the start (not at each of the two steps), with the run's prompt and deps.
+    assert seen == [("acme", "stock of abc?", ["stock"])]
+    stubs, output_descriptions = offered[0]
+    assert "Units of `sku` in stock. (for acme)" in stubs and output_descriptions == ["Give the stock answer."]
+    assert offered[1] == offered[0]
+    # A tool it leaves out is not the run's: a program calling it is rejected before it runs.
+    offered.clear()
+    _, guest = await completed_run(client, agent_for("cap-prepare-guest"), "stock of abc?", deps=Tenant("guest"),
+                                   output_type=Stock)
+    assert "stock" not in offered[0][0]
+    assert "Name `stock` used when not defined" in guest.turns[0].snippets[0].result

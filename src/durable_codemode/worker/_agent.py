@@ -47,6 +47,7 @@ from ._capabilities import (
     fallback_model_names,
     has_after_run_hooks,
     has_model_request_hooks,
+    has_prepare_tools_hooks,
     instrumentation_of,
     instrumented_context,
     instrumented_request,
@@ -270,6 +271,7 @@ class CodeModeAgent:
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._model_hooked = has_model_request_hooks(agent)
         self._after_run_hooked = has_after_run_hooks(agent)
+        self._prepares_tools = has_prepare_tools_hooks(agent)
         """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
@@ -464,8 +466,8 @@ class CodeModeAgent:
         # exactly as an ordinary run does, using its public API (`probing` masks the run and model-request hooks,
         # which run once, where they belong, through a private override slot pinned by tests/test_compat.py).
         try:
-            with probing(self.agent):
-                await self.agent.run("", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
+            with probing(self.agent, preparing=True):
+                await self.agent.run(prompt or "", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
                                      instructions=instructions)
             raise AssertionError("the probing run ended without a model request")
         except _Probed as probed:
@@ -473,6 +475,11 @@ class CodeModeAgent:
             system_prompts = [part.content for message in probed.messages if isinstance(message, ModelRequest)
                               for part in message.parts if isinstance(part, SystemPromptPart)]
         tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
+        if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
+            prepared = {d.name: d for d in info.function_tools}
+            tools = {name: (toolset, replace(tool, tool_def=as_received(prepared[name]) if mcp_toolsets([tool.toolset])
+                                             else prepared[name]))
+                     for name, (toolset, tool) in tools.items() if name in prepared}
         specs: list[ToolSpec] = []
         sandbox_defs: list[ToolDefinition] = []
         native_defs: list[ToolDefinition] = []

@@ -49,6 +49,7 @@ from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelReque
 from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
 from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
+from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import CombinedToolset
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "fallback_model_names",
     "has_after_run_hooks",
     "has_model_request_hooks",
+    "has_prepare_tools_hooks",
     "instrumentation_of",
     "instrumented_context",
     "instrumented_request",
@@ -93,9 +95,14 @@ RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 its output is decided, in the after-run activity (`run_after_run`)."""
 
 APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "after_run", "get_model_settings",
-                                                                    "get_instructions", "get_toolset"}
+                                                                    "get_instructions", "get_toolset", "prepare_tools",
+                                                                    "prepare_output_tools"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
-`get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded."""
+`get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded.
+`prepare_tools` / `prepare_output_tools`: called once, when the run starts (describe), with the run's prompt and
+deps, as a tool's own `prepare` is: the tools they leave (and their definitions as they changed them) are the ones
+the run records, offers and checks programs against. A run's tools are fixed from its start, so they are not
+called again at later steps."""
 
 
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
@@ -108,9 +115,6 @@ REFUSED_HOOKS: dict[str, str] = {
     "on_node_run_error": f"{_OUR_LOOP}: there are no graph nodes to recover",
     "on_event": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
     "wrap_run_event_stream": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
-    "prepare_tools": "the tools a run offers are recorded once when it starts (its stubs type-check the programs); "
-                     "per-step tool preparation would change them under a recorded run",
-    "prepare_output_tools": "the output tools a run offers are recorded once when it starts",
     "get_toolset": "a run's tools are the agent's toolsets, recorded when it starts",
     "get_wrapper_toolset": "a run calls each tool in its own activity, not through a wrapped toolset",
     "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
@@ -246,6 +250,11 @@ def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
     return any(_hooks_of(capability) & MODEL_REQUEST_HOOKS for capability in extra_capabilities(agent))
 
 
+def has_prepare_tools_hooks(agent: Agent[Any, Any]) -> bool:
+    """Whether a capability of `agent` prepares its function tools (the run takes the prepared ones at its start)."""
+    return any("prepare_tools" in _hooks_of(capability) for capability in extra_capabilities(agent))
+
+
 def has_after_run_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` has an `after_run` hook (its runs' outputs go through the after-run activity)."""
     return any("after_run" in _hooks_of(capability) for capability in extra_capabilities(agent))
@@ -309,26 +318,41 @@ class _QuietInstrumentation(Instrumentation):
         return await handler(request_context)
 
 
+class _Prepared(_Quiet):
+    """`_Quiet`, and its tool preparation masked too: for the output check (the run's tools were prepared once)."""
+
+    async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        return tool_defs
+
+    async def prepare_output_tools(self, ctx: RunContext[Any],
+                                   tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        return tool_defs
+
+
 _MASKED = RUN_HOOKS | MODEL_REQUEST_HOOKS
+_PREPARE_HOOKS = frozenset({"prepare_tools", "prepare_output_tools"})
 
 
 @contextmanager
-def probing(agent: Agent[Any, Any]) -> Iterator[None]:
+def probing(agent: Agent[Any, Any], *, preparing: bool = False) -> Iterator[None]:
     """Within: `agent`'s runs (in this task) call none of its run or model-request hooks, and make no such spans.
 
     The hooks are masked by `_Quiet`, the spans by `_QuietInstrumentation` (which also stops pydantic-ai injecting
-    its own `Instrumentation`).
+    its own `Instrumentation`). `preparing`: the probe is the run's start, where its tools are prepared (describe);
+    otherwise `prepare_tools` / `prepare_output_tools` are masked as well (`_Prepared`).
 
     Uses the override slot `Agent.override(spec=...)` sets (a `ContextVar`, so concurrent activities on the
     worker, and `agent.run()` elsewhere in the process, are untouched).
     """
-    masked = [c for c in extra_capabilities(agent) if _hooks_of(c) & _MASKED]
+    masking = _MASKED if preparing else _MASKED | _PREPARE_HOOKS
+    mask = _Quiet if preparing else _Prepared
+    masked = [c for c in extra_capabilities(agent) if _hooks_of(c) & masking]
     instrumentation = instrumentation_of(agent)
     if not masked and instrumentation is None:
         yield
         return
     layers: list[AbstractCapability[Any]] = [
-        _Quiet(c) if c in masked else c for c in _capabilities(agent) if type(c) is not Instrumentation]
+        mask(c) if c in masked else c for c in _capabilities(agent) if type(c) is not Instrumentation]
     if instrumentation is not None:
         layers.insert(0, _QuietInstrumentation(settings=instrumentation.settings))
     quiet = CombinedCapability(layers)
