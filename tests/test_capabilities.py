@@ -636,3 +636,35 @@ async def test_tool_preparation_runs_once_at_the_start_with_the_runs_prompt_and_
                                    output_type=Stock)
     assert "stock" not in offered[0][0]
     assert "Name `stock` used when not defined" in guest.turns[0].snippets[0].result
+
+
+async def test_a_capabilitys_wrapper_toolset_shapes_the_runs_tools_and_sees_every_call(client: Client) -> None:
+    from pydantic_ai.capabilities import SetToolMetadata
+    from pydantic_ai.toolsets import WrapperToolset
+
+    calls: list[tuple[str, str | None]] = []
+
+    @dataclass
+    class _Audited(WrapperToolset[Any]):
+        async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: Any) -> Any:
+            calls.append((name, ctx.tool_call_id))
+            return await super().call_tool(name, tool_args, ctx, tool)
+
+    @dataclass
+    class _Audit(AbstractCapability[Any]):
+        def get_wrapper_toolset(self, toolset: Any) -> Any:
+            return _Audited(toolset)
+
+    agent = _stock_agent(scripted_model(RunCode("await stock(sku='ab')"), CallTool("whoami"),
+                                        lambda m: str(last_result(m))), "cap-wrapper",
+                         capabilities=[SetToolMetadata(tools=["whoami"], codemode={"in_sandbox": False}), _Audit()])
+
+    @agent.tool_plain
+    def whoami() -> str:
+        """Who is asking."""
+        return "acme"
+
+    _, result = await completed_run(client, agent, "stock?")
+    # SetToolMetadata made `whoami` a native tool (the model called it directly); `stock` stayed a sandbox tool.
+    assert result.output == "acme" and '"result": 2' in result.turns[0].snippets[0].result
+    assert calls == [("stock", "call_0.0"), ("whoami", "call_1")]  # each call went through the wrapper

@@ -56,7 +56,9 @@ from ._capabilities import (
     request_through_hooks,
     run_after_run,
     run_before_run,
+    run_toolset,
     unapplied_hooks,
+    wraps_toolsets,
 )
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
@@ -272,6 +274,7 @@ class CodeModeAgent:
         self._model_hooked = has_model_request_hooks(agent)
         self._after_run_hooked = has_after_run_hooks(agent)
         self._prepares_tools = has_prepare_tools_hooks(agent)
+        self._wraps_toolsets = wraps_toolsets(agent)
         """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
@@ -362,8 +365,10 @@ class CodeModeAgent:
 
     async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
-        for agent_toolset in self.agent.toolsets:
-            toolset = await agent_toolset.for_run(ctx)  # a dynamic toolset is built, from the run's context
+        # Each toolset on its own (a call goes to the one that has the tool), unless a capability wraps them all.
+        toolsets = [await run_toolset(self.agent, ctx)] if self._wraps_toolsets else [
+            await toolset.for_run(ctx) for toolset in self.agent.toolsets]  # a dynamic toolset is built for the run
+        for toolset in toolsets:
             for tool_name, tool in (await toolset.get_tools(ctx)).items():
                 if mcp_toolsets([tool.toolset]):  # stubs and native calls describe the value a call returns
                     tool = replace(tool, tool_def=as_received(tool.tool_def))

@@ -50,7 +50,7 @@ from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart,
 from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import CombinedToolset
+from pydantic_ai.toolsets import AbstractToolset, CombinedToolset
 
 __all__ = [
     "APPLIED_HOOKS",
@@ -69,7 +69,9 @@ __all__ = [
     "request_through_hooks",
     "run_after_run",
     "run_before_run",
+    "run_toolset",
     "unapplied_hooks",
+    "wraps_toolsets",
 ]
 
 TOOL_HOOKS = frozenset({
@@ -94,15 +96,17 @@ RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 """Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), and `after_run` once
 its output is decided, in the after-run activity (`run_after_run`)."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {"before_run", "after_run", "get_model_settings",
-                                                                    "get_instructions", "get_toolset", "prepare_tools",
-                                                                    "prepare_output_tools"}
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {
+    "before_run", "after_run", "get_model_settings", "get_instructions", "get_toolset", "get_wrapper_toolset",
+    "prepare_tools", "prepare_output_tools"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded.
 `prepare_tools` / `prepare_output_tools`: called once, when the run starts (describe), with the run's prompt and
 deps, as a tool's own `prepare` is: the tools they leave (and their definitions as they changed them) are the ones
 the run records, offers and checks programs against. A run's tools are fixed from its start, so they are not
-called again at later steps."""
+called again at later steps.
+`get_wrapper_toolset` (`SetToolMetadata`, `IncludeToolReturnSchemas`): the run's tools are read through the wrapped
+toolset when it starts, and each call goes through it in its activity (`run_toolset`)."""
 
 
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
@@ -116,7 +120,6 @@ REFUSED_HOOKS: dict[str, str] = {
     "on_event": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
     "wrap_run_event_stream": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
     "get_toolset": "a run's tools are the agent's toolsets, recorded when it starts",
-    "get_wrapper_toolset": "a run calls each tool in its own activity, not through a wrapped toolset",
     "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
     "get_native_tools": "native (provider) tools are not sent by the model activity",
     "get_wrapper_model": "the model activity calls the run's model itself",
@@ -509,6 +512,23 @@ def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest, resolv
     request.attempt += 1
 
 
+def wraps_toolsets(agent: Agent[Any, Any]) -> bool:
+    """Whether a capability of `agent` wraps its toolsets (`SetToolMetadata`, `IncludeToolReturnSchemas`, ...)."""
+    return any("get_wrapper_toolset" in _hooks_of(capability) for capability in extra_capabilities(agent))
+
+
+async def run_toolset(agent: Agent[Any, Any], ctx: RunContext[Any]) -> AbstractToolset[Any]:
+    """`agent`'s tools as `Agent.iter` assembles them for a run: dynamic toolsets built, capability wrappers on.
+
+    The wrappers are its own capabilities' (`get_wrapper_toolset`, the last one outermost, as pydantic-ai chains
+    them); the ones every agent has are left out, as everywhere a durable run reads the capabilities.
+    """
+    toolset: AbstractToolset[Any] = await CombinedToolset(agent.toolsets).for_run(ctx)
+    if wraps_toolsets(agent):
+        toolset = CombinedCapability(extra_capabilities(agent)).get_wrapper_toolset(toolset) or toolset
+    return toolset
+
+
 async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_name: str,
                              args: dict[str, Any]) -> Any:
     """Call `tool_name` as `agent.run()` would from a tool call part: validated, with every tool hook around it.
@@ -521,7 +541,6 @@ async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_
     if instrumentation is not None and instrumentation not in _capabilities(agent):
         capability = CombinedCapability([instrumentation, capability])  # as `Agent.iter` injects it, outermost
     root = await capability.for_run(ctx)
-    toolset = await CombinedToolset(agent.toolsets).for_run(ctx)  # a dynamic toolset is built, as in `_read_tools`
-    manager = await ToolManager(toolset=toolset, root_capability=root).for_run_step(ctx)
+    manager = await ToolManager(toolset=await run_toolset(agent, ctx), root_capability=root).for_run_step(ctx)
     return await manager.handle_call(ToolCallPart(tool_name, args, tool_call_id=ctx.tool_call_id or ""),
                                      approved=True, wrap_validation_errors=False)
