@@ -668,3 +668,39 @@ async def test_a_capabilitys_wrapper_toolset_shapes_the_runs_tools_and_sees_ever
     # SetToolMetadata made `whoami` a native tool (the model called it directly); `stock` stayed a sandbox tool.
     assert result.output == "acme" and '"result": 2' in result.turns[0].snippets[0].result
     assert calls == [("stock", "call_0.0"), ("whoami", "call_1")]  # each call went through the wrapper
+
+
+async def test_a_capabilitys_provider_tools_are_offered_with_every_request(client: Client) -> None:
+    from pydantic_ai.capabilities import NativeOrLocalTool, NativeTool, WebSearch
+    from pydantic_ai.messages import NativeToolCallPart, NativeToolReturnPart
+    from pydantic_ai.native_tools import CodeExecutionTool, WebSearchTool
+
+    offered: list[list[str]] = []
+
+    def step(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        offered.append(sorted(t.kind for t in info.model_request_parameters.native_tools))
+        if len(offered) == 1:  # the provider searched within the request; then the model wrote a program
+            return ModelResponse(parts=[
+                NativeToolCallPart("web_search", {"query": "abc stock"}, tool_call_id="ws_1"),
+                NativeToolReturnPart("web_search", [{"title": "abc: 3 in stock"}], tool_call_id="ws_1"),
+                ToolCallPart("run_code", {"code": "await stock(sku='abc')"})])
+        # The provider's parts stayed in the history the run sends back.
+        assert any(isinstance(p, NativeToolReturnPart) for m in messages if isinstance(m, ModelResponse)
+                   for p in m.parts)
+        return ModelResponse(parts=[TextPart(f"stock: {last_result(messages)}")])
+
+    agent = _stock_agent(FunctionModel(step), "cap-native", capabilities=[
+        NativeTool(WebSearchTool(max_uses=2)), NativeOrLocalTool(native=CodeExecutionTool(), local=False)])
+    _, result = await completed_run(client, agent, "stock of abc?")
+    assert result.output == "stock: {'result': 3}"
+    assert offered == [["code_execution", "web_search"]] * 2
+
+
+def test_a_provider_tool_with_a_local_fallback_is_refused_by_name() -> None:
+    from pydantic_ai.capabilities import NativeOrLocalTool
+    from pydantic_ai.native_tools import WebSearchTool
+
+    with pytest.raises(CodeModeUserError, match=r"NativeOrLocalTool\.get_native_tools \(a provider tool with a local "
+                                                r"fallback .* give native=False \(the local tool\) or local=False"):
+        CodeModeAgent(Agent("test", name="cap-native-or-local",
+                            capabilities=[NativeOrLocalTool(native=WebSearchTool(), local=_price)]))

@@ -295,3 +295,19 @@ async def test_the_pydantic_ai_toolset_surface_we_read_is_there() -> None:
     assert MCPToolset("http://localhost:9/mcp", headers={"a": "b"})._resolves_per_run is False
     # `_hooks_of` tells a wrapper's own overrides from WrapperCapability's delegation.
     assert "get_toolset" in vars(WrapperCapability) and "before_tool_execute" in vars(WrapperCapability)
+
+
+def test_the_pydantic_ai_native_tool_surface_we_record_is_there() -> None:
+    from pydantic import TypeAdapter
+    from pydantic_ai.capabilities import NativeOrLocalTool
+    from pydantic_ai.models import ModelRequestParameters
+    from pydantic_ai.native_tools import AbstractNativeTool, CodeExecutionTool, WebSearchTool
+
+    # `AgentSpec.native_tools` is recorded in histories: each tool comes back as its own class, by its `kind`.
+    adapter = TypeAdapter(list[AbstractNativeTool])
+    recorded = adapter.dump_python([WebSearchTool(max_uses=2), CodeExecutionTool()], mode="json")
+    assert [t["kind"] for t in recorded] == ["web_search", "code_execution"]
+    assert adapter.validate_python(recorded) == [WebSearchTool(max_uses=2), CodeExecutionTool()]
+    assert ModelRequestParameters(native_tools=[WebSearchTool()]).native_tools == [WebSearchTool()]
+    # `_contributes`: a provider tool with a local fallback has a toolset; one without has none.
+    assert NativeOrLocalTool(native=WebSearchTool(), local=False).get_toolset() is None

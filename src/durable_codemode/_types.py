@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import SerializerFunctionWrapHandler, model_serializer
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage, UsageLimits
@@ -233,6 +234,10 @@ class AgentSpec:
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""
+    native_tools: list[AbstractNativeTool] = field(default_factory=list)
+    """The provider's own tools the model is offered (web search, code execution, ...: a capability's
+    `get_native_tools`, resolved with the run's deps at its start). The provider runs them within the model
+    request, so what they did is in the recorded response."""
     files: FilesSpec | None = None
     """The run's filesystem (`CodeModeAgent(files=RunFiles(...))`), with its seeded files; `None`: programs have
     no files (file calls raise `PermissionError`), as in every run recorded before the field."""
@@ -393,6 +398,8 @@ class ModelRequestInput:
     """The request's step in the run, from 1 (`ctx.run_step` of the hooks, as pydantic-ai counts requests)."""
     output_retries: int = 0
     """Output retries the run has used (`hooks` only): a hook's `ModelRetry` past the agent's budget fails the run."""
+    native_tools: list[AbstractNativeTool] = field(default_factory=list)
+    """The provider tools the request offers (`AgentSpec.native_tools`)."""
 
 
 @dataclass(kw_only=True)

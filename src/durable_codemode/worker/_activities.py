@@ -163,10 +163,10 @@ class CodeModeActivities:
                 return await heartbeating(agent.request_step(
                     input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
                     output=input.output, usage=input.usage, run_step=input.run_step,
-                    output_retries=input.output_retries))
+                    output_retries=input.output_retries, native_tools=input.native_tools))
             return await heartbeating(agent.request(
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
-                output=input.output))
+                output=input.output, native_tools=input.native_tools))
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:

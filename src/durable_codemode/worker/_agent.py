@@ -21,6 +21,7 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
 from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings, merge_model_settings
 from pydantic_ai.tools import ToolDefinition
@@ -539,6 +540,7 @@ class CodeModeAgent:
             after_run_hooks=self._after_run_hooked,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
+            native_tools=list(info.model_request_parameters.native_tools),
             files=files,
             catalog=catalog,
         )
@@ -596,14 +598,15 @@ class CodeModeAgent:
 
     async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
                       deps: Any = None, model_settings: Mapping[str, Any] | None = None,
-                      output: OutputSpec | None = None) -> ModelResponse:
+                      output: OutputSpec | None = None,
+                      native_tools: Sequence[AbstractNativeTool] = ()) -> ModelResponse:
         """One model request with the recorded tool definitions (`deps`, `model_settings`: the run's, as recorded).
 
         The run's model settings go over the agent's, merged as `Agent.run(model_settings=...)` merges them; the
         recorded output spec says what output to ask for (the model resolves `auto` and prompted instructions).
         """
         model = self.resolve_model(override)
-        settings, parameters = self._settings(deps, model_settings), self._parameters(tools, output)
+        settings, parameters = self._settings(deps, model_settings), self._parameters(tools, output, native_tools)
         instrumentation = instrumentation_of(self.agent)
         if instrumentation is None:
             return await model.request(messages, settings, parameters)
@@ -613,18 +616,22 @@ class CodeModeAgent:
             model=model, messages=list(messages), model_settings=settings, model_request_parameters=parameters))
 
     @staticmethod
-    def _parameters(tools: list[ToolDefinition], output: OutputSpec | None) -> ModelRequestParameters:
+    def _parameters(tools: list[ToolDefinition], output: OutputSpec | None,
+                    native_tools: Sequence[AbstractNativeTool] = ()) -> ModelRequestParameters:
         if output is None:
-            return ModelRequestParameters(function_tools=tools, allow_text_output=True)
+            return ModelRequestParameters(function_tools=tools, native_tools=list(native_tools),
+                                          allow_text_output=True)
         return ModelRequestParameters(
-            function_tools=tools, output_mode=cast(Any, output.mode), output_tools=output.tools,
+            function_tools=tools, native_tools=list(native_tools), output_mode=cast(Any, output.mode),
+            output_tools=output.tools,
             output_object=output.object_def, prompted_output_template=output.prompted_template,
             allow_text_output=output.allows_text, allow_image_output=output.allows_image)
 
     async def request_step(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition],
                            *, deps: Any = None, model_settings: Mapping[str, Any] | None = None,
                            output: OutputSpec | None = None, usage: RunUsage | None = None,
-                           run_step: int = 0, output_retries: int = 0) -> ModelStep:
+                           run_step: int = 0, output_retries: int = 0,
+                           native_tools: Sequence[AbstractNativeTool] = ()) -> ModelStep:
         """One model request with the capabilities' model-request hooks around it, where `agent.run()` runs them.
 
         The hooks get the `RunContext` pydantic-ai gives them: the run's deps, its history (`ctx.messages`, which
@@ -640,7 +647,7 @@ class CodeModeAgent:
                       prompt=_last_prompt(messages))
         chosen = override or self.agent.model
         request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
-                                      model_request_parameters=self._parameters(tools, output),
+                                      model_request_parameters=self._parameters(tools, output, native_tools),
                                       model_id=chosen if isinstance(chosen, str) else None)
         response, retry = await request_through_hooks(self.agent, ctx, request, self._fallback_model)
         budget = self.agent._max_output_retries  # pinned by tests/test_compat.py

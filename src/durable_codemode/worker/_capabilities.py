@@ -121,7 +121,9 @@ REFUSED_HOOKS: dict[str, str] = {
     "wrap_run_event_stream": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
     "get_toolset": "a run's tools are the agent's toolsets, recorded when it starts",
     "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
-    "get_native_tools": "native (provider) tools are not sent by the model activity",
+    "get_native_tools": "a provider tool with a local fallback (NativeOrLocalTool): which of the two a request "
+                        "uses depends on its model, while a run's sandbox tools are fixed when it starts; give "
+                        "native=False (the local tool) or local=False (the provider's)",
     "get_wrapper_model": "the model activity calls the run's model itself",
     "get_model": "the run's model is the agent's or start_run(model=...): give the agent a model of its own "
                  "(ModelFallback then falls back from it)",
@@ -237,8 +239,8 @@ def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
     """Whether `capability`'s override of `hook` gives the run something (else it is harmless to leave uncalled)."""
     if hook == "get_model":
         return capability.get_model() is not None
-    if hook == "get_native_tools":
-        return bool(capability.get_native_tools())
+    if hook == "get_native_tools":  # the provider's tools alone are sent with every request (`AgentSpec`)
+        return bool(capability.get_native_tools()) and capability.get_toolset() is not None
     return True
 
 
