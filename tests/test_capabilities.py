@@ -671,9 +671,9 @@ async def test_a_capabilitys_wrapper_toolset_shapes_the_runs_tools_and_sees_ever
 
 
 async def test_a_capabilitys_provider_tools_are_offered_with_every_request(client: Client) -> None:
-    from pydantic_ai.capabilities import NativeOrLocalTool, NativeTool, WebSearch
+    from pydantic_ai.capabilities import NativeTool, WebSearch
     from pydantic_ai.messages import NativeToolCallPart, NativeToolReturnPart
-    from pydantic_ai.native_tools import CodeExecutionTool, WebSearchTool
+    from pydantic_ai.native_tools import CodeExecutionTool
 
     offered: list[list[str]] = []
 
@@ -690,7 +690,7 @@ async def test_a_capabilitys_provider_tools_are_offered_with_every_request(clien
         return ModelResponse(parts=[TextPart(f"stock: {last_result(messages)}")])
 
     agent = _stock_agent(FunctionModel(step), "cap-native", capabilities=[
-        NativeTool(WebSearchTool(max_uses=2)), NativeOrLocalTool(native=CodeExecutionTool(), local=False)])
+        WebSearch(local=False, max_uses=2), NativeTool(CodeExecutionTool())])
     _, result = await completed_run(client, agent, "stock of abc?")
     assert result.output == "stock: {'result': 3}"
     assert offered == [["code_execution", "web_search"]] * 2
