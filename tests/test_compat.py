@@ -30,6 +30,22 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
 
 
+def test_persisted_payload_shapes_are_pinned() -> None:
+    # A tool activity's input is read back from histories recorded by older releases, and written for newer ones:
+    # both shapes stay readable. (The old one is byte for byte what those releases wrote.)
+    from durable_codemode._converter import DATA_CONVERTER
+    from durable_codemode._types import ToolCallInput
+
+    converter = DATA_CONVERTER.payload_converter
+    compact = converter.to_payload(ToolCallInput(args={"i": 3}))
+    assert compact is not None and compact.data == b'{"args":{"i":3}}'  # AgentSpec.compact_tool_calls
+    old = converter.to_payload(ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7"))
+    assert old is not None and old.data == b'{"tool":"get","args":{"i":3},"call_id":"call_1.7"}'
+    assert converter.from_payload(old, ToolCallInput) == ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7")
+    assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
+    assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"
+
+
 def test_call_digest_is_canonical_and_sensitive() -> None:
     digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
     assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order

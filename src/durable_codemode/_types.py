@@ -254,6 +254,11 @@ class AgentSpec:
     """Whether the run's usage counts the tokens of the attempts a response records it moved on from
     (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
     `agent.run()` does (every run started now). A run recorded before the field read `False`: it replays as it ran."""
+    compact_tool_calls: bool = False
+    """Whether a tool activity's input is its arguments alone (`ToolCallInput`: the tool and call id are in the
+    activity's type and id) and its summary leaves out the call id (already the activity id's start): ~50 bytes of
+    history less per call (every run started now). A run recorded before the field read `False` and replays as it
+    ran, sending `tool` and `call_id` too."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -451,14 +456,20 @@ class OutputVerdict:
 class ToolCallInput:
     """The input of a tool activity: only what the call needs, to keep histories small.
 
+    A run that records `AgentSpec.compact_tool_calls` (every run started now) sends the arguments alone: the tool is
+    in the activity type (`<agent>.<tool>`) and the call id in the activity id (`<call id>-<digest>`), and the
+    activity reads them from there. Inputs recorded before carry `tool` and `call_id` too, and are still accepted.
+
     A pydantic dataclass only so that its optional fields are left out of the payload while unset (`_unset_left_out`):
     every call of a run without deps would otherwise record `"deps":null`, and every non-MCP call
     `"schema_digest":null`, in the history.
     """
 
-    tool: str
+    tool: str | None = None
+    """The tool's name; `None` (compact inputs): the activity type's (`_names.tool_of_activity_type`)."""
     args: dict[str, Any]
-    call_id: str
+    call_id: str | None = None
+    """The call's id; `None` (compact inputs): the activity id's (`_names.call_id_of_activity`)."""
     deps: Any = None
     """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
     schema_digest: str | None = None
@@ -467,10 +478,7 @@ class ToolCallInput:
     @model_serializer(mode="wrap")
     def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        return {key: value for key, value in data.items() if value is not None or key in _TOOL_CALL_REQUIRED}
-
-
-_TOOL_CALL_REQUIRED = frozenset({"tool", "args", "call_id"})
+        return {key: value for key, value in data.items() if value is not None or key == "args"}
 
 
 @dataclass(kw_only=True)
