@@ -30,6 +30,34 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
 
 
+def test_persisted_payload_shapes_are_pinned() -> None:
+    # A tool activity's input and a call's record are read back from histories recorded by older releases, and
+    # written for newer ones: both shapes of each stay readable.
+    from datetime import UTC, datetime
+
+    from pydantic import TypeAdapter
+
+    from durable_codemode import CallRecord
+    from durable_codemode._converter import DATA_CONVERTER
+    from durable_codemode._types import ToolCallInput
+
+    converter = DATA_CONVERTER.payload_converter
+    compact = converter.to_payload(ToolCallInput(args={"i": 3}))
+    assert compact is not None and compact.data == b'{"args":{"i":3}}'  # AgentSpec.compact_tool_calls
+    old = converter.to_payload(ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7"))
+    assert old is not None and old.data == b'{"tool":"get","args":{"i":3},"call_id":"call_1.7"}'
+    assert converter.from_payload(old, ToolCallInput) == ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7")
+    assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
+    assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"
+    at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
+    record = CallRecord(call_id="c.0", tool="get", args="{}", status="ok", result="1", started_at=at, finished_at=at)
+    wire = converter.to_payload(record)
+    assert wire is not None and wire.data == b'["c.0","get","{}","ok","1","2026-01-02T03:04:05.000006Z",0]'
+    named = ('{"call_id":"c.0","tool":"get","args":"{}","status":"ok","result":"1",'
+             '"started_at":"2026-01-02T03:04:05.000006Z","finished_at":"2026-01-02T03:04:05.000006Z"}')
+    assert TypeAdapter(CallRecord).validate_json(named) == record == converter.from_payload(wire, CallRecord)
+
+
 def test_call_digest_is_canonical_and_sensitive() -> None:
     digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
     assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -121,6 +122,9 @@ async def test_run_command_json_and_unknown_agent(client: Client, store: CartSto
         assert code == 0, err
         result = TypeAdapter(RunResult).validate_json(out)  # stdout holds the JSON and nothing else
         assert result.output.startswith("Removed ")
+        # Call records print with their field names (histories hold them as compact lists).
+        printed = [c for t in json.loads(out)["turns"] for s in t["snippets"] for c in s["calls"]]
+        assert printed and all(isinstance(c, dict) and c["tool"] for c in printed)
         assert "run cart-" in err  # the run id went to stderr
 
         code, out, err = await _codemode(address, "run", "nosuch", "hi", "--task-queue", tq)

@@ -30,11 +30,13 @@ __all__ = [
     "WORKFLOW_TYPE",
     "batch_activity_id",
     "call_digest",
+    "call_id_of_activity",
     "compute_activity_id",
     "compute_marker",
     "nested_call_id",
     "tool_activity_id",
     "tool_activity_type",
+    "tool_of_activity_type",
     "type_check_rejection_marker",
 ]
 
@@ -99,6 +101,11 @@ def tool_activity_type(agent: str, tool: str) -> str:
     return f"{agent}.{tool}"
 
 
+def tool_of_activity_type(activity_type: str) -> str:
+    """The tool of a `<agent>.<tool>` activity type (agent names may hold dots; tool names do not)."""
+    return activity_type.rpartition(".")[2]
+
+
 def nested_call_id(run_code_call_id: str, n: int) -> str:
     """`<run_code call id>.<n>`: stable across replays and retries, so tools can use it as an idempotency key."""
     return f"{run_code_call_id}.{n}"
@@ -157,6 +164,11 @@ def call_digest(tool: str, arguments: dict[str, Any]) -> str:
 def tool_activity_id(call_id: str, tool: str, arguments: dict[str, Any]) -> str:
     """The activity id of a nested or direct tool call: `<call id>-<digest of tool and arguments>`."""
     return f"{call_id}-{call_digest(tool, arguments)}"
+
+
+def call_id_of_activity(activity_id: str) -> str:
+    """The call id in a tool call's activity id (`tool_activity_id`): all before the last `-` (the digest's)."""
+    return activity_id.rpartition("-")[0]
 
 
 def batch_activity_id(call_ids: list[str], tool: str, arguments: list[dict[str, Any]]) -> str:

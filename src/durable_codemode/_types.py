@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import SerializerFunctionWrapHandler, model_serializer
+from pydantic import SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
 from pydantic_ai.native_tools import AbstractNativeTool
@@ -26,6 +26,7 @@ from ._files import CarriedFiles, FilesSpec
 
 __all__ = [
     "FILE_LISTING_LIMIT",
+    "NAMED_RECORDS",
     "AgentSpec",
     "BatchInput",
     "BatchOutcome",
@@ -259,15 +260,28 @@ class AgentSpec:
     """Whether the run's usage counts the tokens of the attempts a response records it moved on from
     (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
     `agent.run()` does (every run started now). A run recorded before the field read `False`: it replays as it ran."""
+    compact_tool_calls: bool = False
+    """Whether a tool activity's input is its arguments alone (`ToolCallInput`: the tool and call id are in the
+    activity's type and id) and its summary leaves out the call id (already the activity id's start): ~50 bytes of
+    history less per call (every run started now). A run recorded before the field read `False` and replays as it
+    ran, sending `tool` and `call_id` too."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
         return next((t for t in self.tools if t.name == name), None)
 
 
-@dataclass(kw_only=True)
+@pydantic_dataclass(kw_only=True)
 class CallRecord:
-    """One tool call, nested in a snippet or made directly by the model."""
+    """One tool call, nested in a snippet or made directly by the model.
+
+    Every call of a run has one in the run's result (and in each continue-as-new input), so its JSON is compact: a
+    list `[call_id, tool, args, status, result, started_at, microseconds to finished_at]`, about 100 bytes fewer
+    per call than an object with these keys. Objects with the keys (records written before, or by hand) are read
+    too. `codemode run --json` prints objects (`NAMED_RECORDS`), as `dataclasses.asdict(record)` gives them. A
+    pydantic dataclass so that its serializer applies wherever a record is nested (Temporal's converter writes
+    payloads without a type).
+    """
 
     call_id: str
     tool: str
@@ -278,6 +292,31 @@ class CallRecord:
     """A preview of the result or the error."""
     started_at: datetime
     finished_at: datetime
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, value: Any) -> Any:
+        if not isinstance(value, (list, tuple)):
+            return value  # an object with the field names, or keyword arguments: validated as they are
+        if len(value) != 7 or not isinstance(value[6], int):
+            raise ValueError("a compact CallRecord is [call_id, tool, args, status, result, started_at, "
+                             "microseconds to finished_at]")
+        call_id, tool, args, status, result, started, micros = value
+        started_at = started if isinstance(started, datetime) else datetime.fromisoformat(started)
+        return {"call_id": call_id, "tool": tool, "args": args, "status": status, "result": result,
+                "started_at": started_at, "finished_at": started_at + timedelta(microseconds=micros)}
+
+    @model_serializer(mode="wrap")
+    def _to_list(self, named: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        if isinstance(info.context, dict) and info.context.get("records") == NAMED_RECORDS["records"]:
+            return named(self)
+        micros = (self.finished_at - self.started_at) // timedelta(microseconds=1)
+        return [self.call_id, self.tool, self.args, self.status, self.result, self.started_at, micros]
+
+
+NAMED_RECORDS = {"records": "named"}
+"""The serialization context that writes `CallRecord`s as objects with their field names (for people and scripts
+that read the JSON), e.g. `TypeAdapter(RunResult[Any]).dump_json(result, context=NAMED_RECORDS)`."""
 
 
 @dataclass(kw_only=True)
@@ -458,14 +497,20 @@ class OutputVerdict:
 class ToolCallInput:
     """The input of a tool activity: only what the call needs, to keep histories small.
 
+    A run that records `AgentSpec.compact_tool_calls` (every run started now) sends the arguments alone: the tool is
+    in the activity type (`<agent>.<tool>`) and the call id in the activity id (`<call id>-<digest>`), and the
+    activity reads them from there. Inputs recorded before carry `tool` and `call_id` too, and are still accepted.
+
     A pydantic dataclass only so that its optional fields are left out of the payload while unset (`_unset_left_out`):
     every call of a run without deps would otherwise record `"deps":null`, and every non-MCP call
     `"schema_digest":null`, in the history.
     """
 
-    tool: str
+    tool: str | None = None
+    """The tool's name; `None` (compact inputs): the activity type's (`_names.tool_of_activity_type`)."""
     args: dict[str, Any]
-    call_id: str
+    call_id: str | None = None
+    """The call's id; `None` (compact inputs): the activity id's (`_names.call_id_of_activity`)."""
     deps: Any = None
     """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
     schema_digest: str | None = None
@@ -474,10 +519,7 @@ class ToolCallInput:
     @model_serializer(mode="wrap")
     def _unset_left_out(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        return {key: value for key, value in data.items() if value is not None or key in _TOOL_CALL_REQUIRED}
-
-
-_TOOL_CALL_REQUIRED = frozenset({"tool", "args", "call_id"})
+        return {key: value for key, value in data.items() if value is not None or key == "args"}
 
 
 @dataclass(kw_only=True)

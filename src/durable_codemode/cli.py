@@ -59,7 +59,7 @@ from ._bundled import bundled_apps
 from ._errors import CodeModeError, CodeModeUserError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
 from ._results import answer_text, preview
-from ._types import RunResult
+from ._types import NAMED_RECORDS, RunResult
 from .benchmark import add_bench_command
 from .client._connect import configured_address
 from .client._devserver import start_dev_server
@@ -375,7 +375,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def _print_result(result: RunResult[Any], *, json_output: bool) -> None:
     if json_output:
-        _say(TypeAdapter(RunResult[Any]).dump_json(result, indent=2).decode())
+        _say(TypeAdapter(RunResult[Any]).dump_json(result, indent=2, context=NAMED_RECORDS).decode())
     else:
         _say(f"\nanswer: {answer_text(result.output)}\n")
         _say(render_tree(result, width=_tree_width()))

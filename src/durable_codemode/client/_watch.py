@@ -32,7 +32,13 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from .._approvals import PendingApproval
 from .._errors import RunNotFoundError
-from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, RUN_CODE_TOOL
+from .._names import (
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    RUN_CODE_TOOL,
+    call_id_of_activity,
+    tool_of_activity_type,
+)
 from .._results import preview
 from .._types import RunResult, ToolCallInput
 from ..history._read import _decode, _read_marker, _summary, failure_text
@@ -57,9 +63,9 @@ class WatchOutcome:
     pending: list[PendingApproval] = field(default_factory=list)
 
 
-def _label(call: ToolCallInput) -> str:
-    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in call.args.items())
-    return f"{call.call_id} {call.tool}({args if len(args) <= 80 else args[:79] + '…'})"
+def _label(call_id: str, tool: str, arguments: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in arguments.items())
+    return f"{call_id} {tool}({args if len(args) <= 80 else args[:79] + '…'})"
 
 
 @dataclass
@@ -111,7 +117,10 @@ class _Follower:
                 self.say(f"{summary} …")
             elif activity_type != DESCRIBE_AGENT_ACTIVITY:
                 payload = _decode(attrs.input, ToolCallInput)
-                label = _label(payload) if isinstance(payload, ToolCallInput) else summary
+                # Compact inputs (`AgentSpec.compact_tool_calls`) leave the tool and call id to the activity.
+                label = _label(payload.call_id or call_id_of_activity(attrs.activity_id),
+                               payload.tool or tool_of_activity_type(activity_type),
+                               payload.args) if isinstance(payload, ToolCallInput) else summary
                 self._started(event.event_id, label, attrs.activity_id, event.event_time.ToNanoseconds())
         elif kind in ("activity_task_completed_event_attributes", "activity_task_failed_event_attributes",
                       "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):
@@ -273,7 +282,7 @@ async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = No
         if pending:
             fresh = [p for p in pending if p.call_id not in told_waiting]
             for p in fresh:
-                label = _label(ToolCallInput(tool=p.tool, args=p.args, call_id=p.call_id))
+                label = _label(p.call_id, p.tool, p.args)
                 follower.say(f"  ⏸ {label} waits for approval (line {p.line})")
                 told_waiting.add(p.call_id)
             if follower.in_flight == 0:

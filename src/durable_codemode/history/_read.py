@@ -46,6 +46,8 @@ from .._names import (
     OUTPUT_CHECK_SUMMARY,
     RUN_CODE_TOOL,
     WORKFLOW_TYPE,
+    call_id_of_activity,
+    tool_of_activity_type,
 )
 from .._results import preview
 from .._storage import env_stores, resolve_history
@@ -309,8 +311,8 @@ def read_run(history: WorkflowHistory) -> RecordedRun:
 
 def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
     payload = activity.input if isinstance(activity.input, dict) else {}
-    call_id = str(payload.get("call_id") or activity.activity_id.rsplit("-", 1)[0])
-    tool = str(payload.get("tool") or activity.activity_type.rsplit(".", 1)[-1])
+    call_id = str(payload.get("call_id") or call_id_of_activity(activity.activity_id))
+    tool = str(payload.get("tool") or tool_of_activity_type(activity.activity_type))
     args = payload.get("args") if isinstance(payload.get("args"), dict) else None
     call = TraceCall(call_id=call_id, tool=tool, args=args, status="running", activity_type=activity.activity_type,
                      activity_id=activity.activity_id, local=activity.local, scheduled_at=activity.scheduled_at,

@@ -34,7 +34,7 @@ from temporalio.runtime import Runtime
 
 from .._config import SnippetLimits
 from .._errors import CodeModeUserError
-from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE
+from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
 from .._results import preview
 from .._storage import env_stores, resolve_history
 from ..worker._agent import CodeModeAgent
@@ -257,8 +257,8 @@ def _recorded_side(activity: RecordedActivity, trace: RunTrace) -> CallSide:
         return CallSide(what=f"a batch of {len(ids)} {tool}() calls ({', '.join(ids[:3])}{', …' * (len(ids) > 3)})",
                         call_id=ids[0] if ids else None, tool=tool, activity_type=activity.activity_type,
                         activity_id=activity.activity_id, event_id=activity.event_id)
-    call_id = str(payload.get("call_id") or activity.activity_id.rsplit("-", 1)[0])
-    tool = str(payload.get("tool") or activity.activity_type.rsplit(".", 1)[-1])
+    call_id = str(payload.get("call_id") or call_id_of_activity(activity.activity_id))
+    tool = str(payload.get("tool") or tool_of_activity_type(activity.activity_type))
     args = payload.get("args") if isinstance(payload.get("args"), dict) else None
     if args is None and activity.local:
         call = trace.call(call_id)
@@ -282,8 +282,10 @@ def _replayed_side(command: ReplayedCommand, capture: ReplayCapture) -> CallSide
         return CallSide(what=f"model request (turn {index})", activity_type=command.activity_type,
                         activity_id=command.effective_id)
     payload = command.input
-    call_id = getattr(payload, "call_id", None)
-    tool = getattr(payload, "tool", None) or (command.activity_type or "").rsplit(".", 1)[-1]
+    # Compact inputs (`AgentSpec.compact_tool_calls`) leave the call id and tool to the activity's id and type.
+    call_id = getattr(payload, "call_id", None) or (
+        call_id_of_activity(command.activity_id) if command.activity_id else None)
+    tool = getattr(payload, "tool", None) or tool_of_activity_type(command.activity_type or "")
     args = getattr(payload, "args", None)
     return CallSide(what=f"{tool}({_args_text(args)})", call_id=call_id, tool=tool, args=args,
                     activity_type=command.activity_type, activity_id=command.effective_id)

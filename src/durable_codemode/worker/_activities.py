@@ -32,6 +32,7 @@ from .._names import (
     MODEL_REQUEST_ACTIVITY,
     OUTPUT_ACTIVITY,
     SEAL_REPL_ACTIVITY,
+    call_id_of_activity,
 )
 from .._types import (
     AfterRunInput,
@@ -126,6 +127,7 @@ class CodeModeActivities:
             # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
         spec.payload_store = self._payload_store
+        spec.compact_tool_calls = True  # this worker reads a tool call's name and id from its activity's type and id
         seeded = spec.files.seeded_bytes if spec.files is not None else 0
         if seeded > CARRY_WITHOUT_STORE_BYTES and not self._payload_store:
             raise ApplicationError(
@@ -225,16 +227,18 @@ class CodeModeActivities:
         if not args:
             raise ApplicationError(f"activity {info.activity_type!r} got no input", non_retryable=True)
         payload = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
+        # Compact inputs (`AgentSpec.compact_tool_calls`) leave the call id to the activity id; older ones carry it.
+        call_id = payload.call_id or call_id_of_activity(info.activity_id)
         try:
             agent = self.agent(agent_name)
         except AgentNotFoundError as e:
             raise ApplicationError(str(e), type="AgentNotFoundError", non_retryable=True) from e
-        ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=payload.call_id, tool=tool_name,
+        ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=call_id, tool=tool_name,
                               attempt=info.attempt)
         with bind_call(ctx):
             try:
                 result = await heartbeating(
-                    agent.call_tool(tool_name, payload.args, call_id=payload.call_id, attempt=info.attempt,
+                    agent.call_tool(tool_name, payload.args, call_id=call_id, attempt=info.attempt,
                                     deps=payload.deps, recorded_schema=payload.schema_digest))
             except Exception as e:
                 raise tool_failure(tool_name, e) from e

@@ -588,6 +588,7 @@ class CodeModeRunWorkflow:
         approval: Coroutine[Any, Any, ApprovalRecord] | None,
     ) -> tuple[Settled, CallRecord]:
         """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
+        assert self._spec is not None
         tool = spec.name
         if approval is not None:
             decision = await approval
@@ -601,12 +602,17 @@ class CodeModeRunWorkflow:
             "start_to_close_timeout": spec.timeout,
             "retry_policy": spec.retry_policy,
             "activity_id": tool_activity_id(call_id, tool, args),
-            "summary": f"{call_id} {tool}({preview(args, 120)[1:-1] if args else ''})",
         }
         if spec.heartbeat_timeout is not None and not spec.local:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
-        payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps,
-                                schema_digest=spec.schema_digest)
+        label = f"{tool}({preview(args, 120)[1:-1] if args else ''})"
+        if self._spec.compact_tool_calls:  # the tool and call id are in the activity's type and id already
+            options["summary"] = label
+            payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
+        else:  # as runs recorded before the flag sent it
+            options["summary"] = f"{call_id} {label}"
+            payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps,
+                                    schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"
         settled: Settled
