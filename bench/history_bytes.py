@@ -184,7 +184,8 @@ def table(kind: Kind, n: int, cm: tuple[dict[str, float], dict[str, str]],
     keys = list(dict.fromkeys([*cm[0], *floor[0]]))
     tail = [k for k in keys if k.startswith(("rest of", "total"))]
     keys = [k for k in keys if k not in tail]
-    lines = [f"{kind}-{n}: bytes per nested call | code mode | floor | code mode - floor | code mode's value",
+    lines = [f"{kind}-{n}: bytes per nested call",
+             "part of a call | code mode | floor | code mode - floor | code mode's value",
              "---|---:|---:|---:|---"]
     same_cm = same_floor = 0.0
 

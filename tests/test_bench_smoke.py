@@ -12,3 +12,10 @@ def test_bench_runs_and_prints_the_table() -> None:
     out = run_bench("run_bench.py", "--n", "5", "--reps", "1")
     assert "scenario" in out and "wall cm" in out and "replay cm" in out, out
     assert "gather-5" in out and "sequential-5" in out, out
+
+
+@pytest.mark.timeout(150)
+def test_history_bytes_breaks_a_call_down() -> None:
+    out = run_bench("history_bytes.py", "--n", "5")
+    assert "gather-5: bytes per nested call" in out and "sequential-5: bytes per nested call" in out, out
+    assert "run result | CallRecord JSON" in out and "scheduled | input: data" in out, out
