@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import durable_codemode
@@ -339,3 +341,31 @@ def test_the_pydantic_ai_native_tool_surface_we_record_is_there() -> None:
     assert ModelRequestParameters(native_tools=[WebSearchTool()]).native_tools == [WebSearchTool()]
     # `_contributes`: a provider tool with a local fallback has a toolset; one without has none.
     assert NativeOrLocalTool(native=WebSearchTool(), local=False).get_toolset() is None
+
+
+async def test_the_pydantic_ai_tool_search_surface_we_read_is_there() -> None:
+    from pydantic_ai import Agent, RunContext, Tool
+    from pydantic_ai.capabilities import ToolSearch
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+    from pydantic_ai.native_tools._tool_search import ToolSearchTool
+
+    # `unsupported_tool_search`: the ToolSearch every agent has equals a bare one; any setting makes it differ.
+    assert ToolSearch() == ToolSearch() and ToolSearch(strategy="keywords") != ToolSearch()
+    # `_provider_tools`: a deferred tool makes ToolSearch add an optional ToolSearchTool to the request, and
+    # `describe` reads prepared deferred tools from the request's parameters (the model's list leaves them out).
+    seen: list[AgentInfo] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(info)
+        return ModelResponse(parts=[TextPart("done")])
+
+    def hidden() -> str:
+        return "x"
+
+    await Agent(FunctionModel(model), tools=[Tool(hidden, defer_loading=True)]).run("go")
+    parameters = seen[0].model_request_parameters
+    assert [t.name for t in parameters.function_tools] == ["hidden"] and seen[0].function_tools == []
+    assert next(t for t in parameters.native_tools if isinstance(t, ToolSearchTool)).optional is True
+    # `call_through_hooks`: a deferred tool is callable once its name is among the discovered ones.
+    assert "discovered_tool_names" in {f.name for f in dataclasses.fields(RunContext)}

@@ -22,11 +22,13 @@ __all__ = [
     "CATALOG_PRELUDE",
     "FILES_PRELUDE",
     "TYPE_CHECK_PRELUDE",
+    "deferred_section",
     "estimate_tokens",
     "index_section",
     "render_stubs",
     "render_tool_stubs",
     "run_code_tool_definition",
+    "stubs_of",
     "tool_summary",
 ]
 
@@ -95,6 +97,15 @@ def render_tool_stubs(tools: Sequence[ToolDefinition]) -> tuple[str, list[tuple[
     return "\n\n".join(parts) + "\n", own
 
 
+def stubs_of(own: Sequence[tuple[list[str], str]]) -> str:
+    """The stubs of some of the tools `render_tool_stubs` rendered, from their own stubs: each type once.
+
+    So a part of a catalog reads the type names the type checker knows (from the stubs of all of them).
+    """
+    definitions = list(dict.fromkeys(d for definitions, _function in own for d in definitions))
+    return "\n\n".join([_STUB_HEADER, *definitions, *(function for _definitions, function in own)]) + "\n"
+
+
 def estimate_tokens(text: str) -> int:
     """Roughly how many tokens `text` takes for a model: characters / 4 (the usual ratio for English and code)."""
     return (len(text) + 3) // 4
@@ -135,13 +146,37 @@ Every tool below can be called as an async function, and calls are type-checked 
 """
 
 
+def deferred_section(deferred: int, *, shown: bool) -> str:
+    """The tools part of the `run_code` description that tells of `deferred` tools it does not show.
+
+    For tools with pydantic-ai's `defer_loading=True` (in a run that shows the others' stubs): as pydantic-ai's
+    `ToolSearch` hides them from the model until a search finds them, the description names none of them, and
+    programs find them with the catalog functions, answered from the run's recorded catalog of its tools.
+    `shown`: whether the description lists other tools' stubs before this section.
+    """
+    plural = "s are" if deferred != 1 else " is"
+    return f"""\
+{deferred} {'more ' if shown else ''}tool{plural} not listed here. Two plain functions (call them without \
+`await`) find them:
+- `search_tools(query: str, limit: int = {SEARCH_LIMIT_DEFAULT}) -> list[dict[str, str]]`: the tools whose \
+names, docstrings and parameters best match the words of `query`, best first, as \
+`{{"name": ..., "summary": ...}}`; at most {SEARCH_LIMIT_MAX} (`limit`).
+- `describe_tool(name: str) -> str`: a tool's full stub; an unknown name raises KeyError naming close matches.
+A tool they find is called as an async function, with keyword arguments and `await`, type-checked against its \
+stub: print `describe_tool(name)` in one run_code call, then call the tool in the next.
+"""
+
+
 def run_code_tool_definition(stubs: str, limits: SnippetLimits, index: str | None = None, *,
-                             files: FilesSpec | None = None) -> ToolDefinition:
+                             files: FilesSpec | None = None, deferred: str | None = None) -> ToolDefinition:
     """The `run_code` tool: its description teaches the sandbox and lists the tools (and the files).
 
-    As stubs; or, for a large catalog (`CatalogSettings`), as its `index` (`index_section`).
+    As stubs; or, for a large catalog (`CatalogSettings`), as its `index` (`index_section`). `deferred`
+    (`deferred_section`) follows the stubs when some tools are only found by search (`defer_loading=True`).
     """
     tools = f"The tools:\n```python\n{stubs}```\n" if index is None else index
+    if deferred is not None:  # after the stubs of the tools it shows, if any
+        tools = (tools if stubs else "") + deferred
     files_line = "" if files is None else _files_line(files)
     unavailable = "network" if files is not None else "files, network"
     description = f"""\

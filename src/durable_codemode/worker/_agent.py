@@ -22,6 +22,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Syst
 from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.native_tools import AbstractNativeTool
+from pydantic_ai.native_tools._tool_search import ToolSearchTool  # pinned by tests/test_compat.py
 from pydantic_ai.profiles import ModelProfile
 from pydantic_ai.settings import ModelSettings, merge_model_settings
 from pydantic_ai.tools import ToolDefinition
@@ -39,7 +40,15 @@ from .._files import RunFiles
 from .._models import build_model
 from .._names import RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
-from .._stubs import estimate_tokens, index_section, render_tool_stubs, run_code_tool_definition, tool_summary
+from .._stubs import (
+    deferred_section,
+    estimate_tokens,
+    index_section,
+    render_tool_stubs,
+    run_code_tool_definition,
+    stubs_of,
+    tool_summary,
+)
 from .._types import AgentSpec, CatalogEntry, ModelStep, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import (
@@ -59,6 +68,7 @@ from ._capabilities import (
     run_before_run,
     run_toolset,
     unapplied_hooks,
+    unsupported_tool_search,
     wraps_toolsets,
 )
 from ._files import files_spec
@@ -72,6 +82,7 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
     found = [f"capability hooks: {'; '.join(unapplied)} (a durable run applies a capability's tool, output and "
              "model-request hooks, ProcessHistory among them)" for unapplied in [unapplied_hooks(agent)] if unapplied]
     found.extend(_unsupported_toolsets(agent))
+    found.extend(unsupported_tool_search(agent))
     if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
@@ -163,6 +174,23 @@ def _qualified_name(kind: Any) -> str | None:
     if not isinstance(kind, type):
         return None
     return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _provider_tools(tools: Sequence[AbstractNativeTool]) -> list[AbstractNativeTool]:
+    """The provider tools a run records (`AgentSpec.native_tools`), from the probe's request: not tool search.
+
+    pydantic-ai's `ToolSearch` adds an optional `ToolSearchTool` to a request whenever a tool is deferred
+    (`defer_loading=True`); a durable run finds its deferred tools in the sandbox instead (`_deferred_catalog`),
+    so it is left out. One a capability asks for outright (not optional) would search tools the run never sends
+    the provider: refused, with the fix.
+    """
+    for tool in tools:
+        if isinstance(tool, ToolSearchTool) and not tool.optional:
+            raise CodeModeUserError(
+                "a capability asks for the provider's own tool search (ToolSearchTool, not optional): a durable run "
+                "sends the provider no deferred tools to search, since programs find them with search_tools in the "
+                "sandbox; drop the ToolSearchTool (or the strategy of your ToolSearch capability)")
+    return [tool for tool in tools if not isinstance(tool, ToolSearchTool)]
 
 
 def _catalog_of(tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]) -> ToolCatalog:
@@ -482,7 +510,9 @@ class CodeModeAgent:
                               for part in message.parts if isinstance(part, SystemPromptPart)]
         tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
         if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
-            prepared = {d.name: d for d in info.function_tools}
+            # The request's parameters, not `info.function_tools`: those leave out the deferred tools
+            # (`defer_loading=True`), which `ToolSearch` hides from the model only after the hooks prepared them.
+            prepared = {d.name: d for d in info.model_request_parameters.function_tools}
             tools = {name: (toolset, replace(tool, tool_def=as_received(prepared[name]) if mcp_toolsets([tool.toolset])
                                              else prepared[name]))
                      for name, (toolset, tool) in tools.items() if name in prepared}
@@ -492,6 +522,12 @@ class CodeModeAgent:
         for tool_name, (_toolset, tool) in tools.items():
             options = self.options_for(tool.tool_def)
             in_sandbox = self._in_sandbox(tool.tool_def, options)
+            if tool.tool_def.defer_loading and not in_sandbox:
+                raise CodeModeUserError(
+                    f"tool {tool_name!r} of agent {self.name!r} has defer_loading=True but is offered to the model "
+                    "directly (not in the sandbox): a durable run offers its direct tools from its start and has no "
+                    "tool search for them; let programs call it (they find deferred tools with search_tools), or "
+                    "drop defer_loading=True")
             (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
             requires_approval = options.requires_approval or tool.tool_def.kind == "unapproved"
             if options.batch and requires_approval:
@@ -512,15 +548,18 @@ class CodeModeAgent:
                                   schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None))
         stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
-        catalog = index = None
+        catalog = index = deferred = None
+        shown_stubs = stubs
         if self.code_mode and self.catalog.wants_index(tools=len(sandbox_defs), stub_tokens=estimate_tokens(stubs)):
             catalog = _catalog_of(sandbox_defs, own_stubs)
             pairs = [(e.name, e.summary) for e in catalog.entries]
             index = index_section(pairs)
             if estimate_tokens(index) > self.catalog.max_stub_tokens:  # even the index is over budget: names only
                 index = index_section(pairs, summaries=False)
-        model_tools = ([run_code_tool_definition(stubs, self.limits, index, files=files)] if self.code_mode else []
-                       ) + native_defs
+        elif any(d.defer_loading for d in sandbox_defs):
+            catalog, shown_stubs, deferred = self._deferred_catalog(sandbox_defs, own_stubs)
+        model_tools = ([run_code_tool_definition(shown_stubs, self.limits, index, files=files, deferred=deferred)]
+                       if self.code_mode else []) + native_defs
         own = self.agent.model
         return AgentSpec(
             agent=self.name,
@@ -540,10 +579,31 @@ class CodeModeAgent:
             after_run_hooks=self._after_run_hooked,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
-            native_tools=list(info.model_request_parameters.native_tools),
+            native_tools=_provider_tools(info.model_request_parameters.native_tools),
             files=files,
             catalog=catalog,
         )
+
+    def _deferred_catalog(self, tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]
+                          ) -> tuple[ToolCatalog, str, str]:
+        """The catalog of `tools`, the stubs of those not deferred (`defer_loading=True`), and the section on them.
+
+        pydantic-ai's `ToolSearch` hides a deferred tool from the model until a search finds it. Here the
+        `run_code` description shows the other tools' stubs and only says how many are hidden, and programs find
+        them with `search_tools` / `describe_tool`, answered from the recorded catalog as for a large one (which
+        holds every tool, so `describe_tool` knows the shown ones too). The type checker knows every tool's stub,
+        so a found tool is called like any other.
+        """
+        if self.catalog.mode == "stubs":
+            names = ", ".join(repr(t.name) for t in tools if t.defer_loading)
+            raise CodeModeUserError(
+                f"agent {self.name!r} has tools with defer_loading=True ({names}), but its "
+                "CatalogSettings(mode='stubs') shows every tool's stub in the run_code description: drop "
+                "defer_loading=True from them, or the mode='stubs' (then programs find them with search_tools)")
+        shown = [own for tool, own in zip(tools, own_stubs, strict=True) if not tool.defer_loading]
+        hidden = len(tools) - len(shown)
+        return (_catalog_of(tools, own_stubs), stubs_of(shown) if shown else "",
+                deferred_section(hidden, shown=bool(shown)))
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,
                    gated: bool) -> RecordedApproverPolicy | None:

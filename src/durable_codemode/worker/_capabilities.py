@@ -42,6 +42,7 @@ from pydantic_ai.capabilities import (
     Hooks,
     Instrumentation,
     ModelFallback,
+    ToolSearch,
     WrapperCapability,
 )
 from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
@@ -71,6 +72,7 @@ __all__ = [
     "run_before_run",
     "run_toolset",
     "unapplied_hooks",
+    "unsupported_tool_search",
     "wraps_toolsets",
 ]
 
@@ -233,6 +235,28 @@ def unapplied_hooks(agent: Agent[Any, Any]) -> list[str]:
             for capability in extra_capabilities(agent)
             for hook in sorted(_hooks_of(capability) - APPLIED_HOOKS)
             if _contributes(capability, hook)]
+
+
+def unsupported_tool_search(agent: Agent[Any, Any]) -> list[str]:
+    """What of pydantic-ai's tool search `agent` asks for that a durable run does not do, by name.
+
+    A deferred tool (`defer_loading=True`) is found by programs in the sandbox, with `search_tools` over the run's
+    recorded catalog of them; pydantic-ai's `ToolSearch` does not run. So a `ToolSearch` configured otherwise than
+    the one every agent has (a strategy, a search function, its own descriptions) would be ignored, and a
+    capability loaded on demand (`defer_loading=True` on the capability, `load_capability`) would never load: a
+    run's tools are fixed when it starts.
+    """
+    found = []
+    for capability in _capabilities(agent):
+        if isinstance(capability, ToolSearch) and capability != ToolSearch():
+            found.append(f"{capability!r} (a durable run's programs find deferred tools with search_tools in the "
+                         "sandbox, over the run's recorded catalog: drop the ToolSearch, or give ToolSearch() "
+                         "with no settings)")
+        if capability.defer_loading is True:
+            found.append(f"{type(capability).__name__}(defer_loading=True) (a durable run's tools are fixed when it "
+                         "starts, so a capability loaded on demand never would be: drop defer_loading=True and its "
+                         "tools are the run's from its start)")
+    return found
 
 
 def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
@@ -538,6 +562,9 @@ async def call_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], tool_
     The durable run has already decided the call may run (an approval, if it needed one, was given in workflow
     code), so it goes in approved. Validation errors and `ModelRetry` propagate raw, for the activity to classify.
     """
+    # A deferred tool (`defer_loading=True`) is callable once discovered: the program found it in the sandbox (its
+    # call was type-checked against its stub), which pydantic-ai cannot see in a history of its own.
+    ctx = replace(ctx, discovered_tool_names={*ctx.discovered_tool_names, tool_name})  # pinned by test_compat
     instrumentation = instrumentation_of(agent)
     capability: AbstractCapability[Any] = agent.root_capability
     if instrumentation is not None and instrumentation not in _capabilities(agent):
