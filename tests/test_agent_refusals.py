@@ -36,8 +36,14 @@ def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() ->
     async def failed(ctx, *, error):  # type: ignore[no-untyped-def]
         raise error
 
-    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks: Hooks\.on_run_error \(.*decided "
-                                                r"in workflow code.*model-request hooks.*agent\.run\(\)"):
+    assert CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks])).name == "hooked"  # on_run_error too
+
+    @hooks.on.node_run_error
+    async def node_failed(ctx, *, node, error):  # type: ignore[no-untyped-def]
+        raise error
+
+    with pytest.raises(CodeModeUserError, match=r"'hooked' declares capability hooks: Hooks\.on_node_run_error \(.*"
+                                                r"no graph nodes.*model-request hooks.*"):
         CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks]))
 
 

@@ -19,16 +19,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
-from pydantic_ai import Agent, ModelRetry, RunContext, Tool
+from pydantic_ai import Agent, AgentRunResult, ModelRetry, RunContext, Tool
 from pydantic_ai.capabilities import AbstractCapability, Hooks, Instrumentation, ProcessHistory
+from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.usage import UsageLimits
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
-from durable_codemode import CodeModeAgent, CodeModeUserError, RunResult, run_result, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, RunFailedError, RunResult, run_result, start_run
 from durable_codemode._types import ModelRequestInput
 from durable_codemode.debugging import trace_run
 from durable_codemode.testing import (
@@ -486,6 +488,85 @@ async def test_an_after_run_hook_that_raises_fails_the_run_with_its_message(clie
     assert "an after_run hook of agent 'cap-after-run-fails' failed the run: PermissionError: answers mentioning " \
            "secrets are withheld" in str(cause)
     assert calls == ["the secret is 42"]  # final: not retried
+
+
+def _limited_stock_agent(name: str, hooks: Hooks) -> Agent[Tenant, Stock]:
+    """A `Stock` agent whose script needs two model requests: one past `UsageLimits(request_limit=1)`."""
+    return _stock_agent(scripted_model(RunCode("await stock(sku='ab')"), FinalOutput({"units": 2})), name,
+                        deps_type=Tenant, output_type=Stock, capabilities=[hooks])
+
+
+async def test_on_run_error_hooks_may_recover_a_failed_run_and_after_run_sees_the_recovery(client: Client) -> None:
+    seen: list[tuple[str, str, str, int, int]] = []
+    hooks = Hooks()
+
+    @hooks.on.run_error
+    async def partial(ctx: RunContext[Tenant], *, error: BaseException) -> Any:
+        # As agent.run() hands it over: pydantic-ai's own exception, the run's context at the failure.
+        seen.append((type(error).__name__, str(error)[:52], ctx.deps.tenant, len(ctx.messages), ctx.usage.requests))
+        if isinstance(error, UsageLimitExceeded):
+            return AgentRunResult(output=Stock(units=-1))
+        raise error
+
+    @hooks.on.after_run
+    async def scale(ctx: RunContext[Tenant], *, result: Any) -> Any:
+        return replace(result, output=Stock(units=result.output.units * 10))
+
+    handle, result = await completed_run(client, _limited_stock_agent("cap-run-error", hooks), "stock?",
+                                         deps=Tenant("acme"), output_type=Stock,
+                                         usage_limits=UsageLimits(request_limit=1))
+    assert result.output == Stock(units=-10)  # recovered, then through after_run, as in agent.run()
+    # Once, at the failure: the prompt, the run_code call and its result were the history; one request made.
+    assert seen == [("UsageLimitExceeded", "The next request would exceed the request_limit of 1", "acme", 3, 1)]
+    trace = await trace_run(client, handle.id)
+    assert [c.tool for c in trace.nested_calls] == ["stock"]  # the hooks' activity is bookkeeping, not a call
+
+
+async def test_a_run_no_on_run_error_hook_recovers_fails_as_it_would_have(client: Client) -> None:
+    seen: list[str] = []
+    hooks = Hooks()
+
+    @hooks.on.run_error
+    async def observe(ctx: RunContext[Tenant], *, error: BaseException) -> Any:
+        seen.append(type(error).__name__)
+        raise error
+
+    cm = CodeModeAgent(_limited_stock_agent("cap-run-error-raises", hooks))
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "stock?", task_queue=tq, deps=Tenant("acme"),
+                                 usage_limits=UsageLimits(request_limit=1))
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    await replay(handle)
+    cause = failure.value.cause
+    assert getattr(cause, "type", None) == "UsageLimitExceeded", cause  # the run's own failure, not the activity's
+    assert "The next request would exceed the request_limit of 1" in str(cause) and "hook" not in str(cause)
+    assert seen == ["UsageLimitExceeded"]
+
+
+async def test_an_on_run_error_hook_gets_a_model_failure_by_type_and_may_fail_the_run_its_own_way(
+        client: Client) -> None:
+    from pydantic_ai.exceptions import ModelHTTPError
+
+    seen: list[tuple[str, str]] = []
+    hooks = Hooks()
+
+    @hooks.on.run_error
+    async def translate(ctx: RunContext[None], *, error: BaseException) -> Any:
+        assert isinstance(error, RunFailedError)  # pydantic-ai has no type to rebuild it as: its name is kept
+        seen.append((error.error_type, error.message))
+        raise LookupError("the pricing service is down; try again in an hour")
+
+    def refuse(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise ModelHTTPError(status_code=400, model_name="priced", body="bad request")
+
+    failed = await _failed_run(client, Agent(FunctionModel(refuse), name="cap-run-error-model", capabilities=[hooks]))
+    cause = failed.cause if failed is not None else None  # the run's failure, then the activity's, then the hook's
+    assert getattr(cause, "type", None) == "LookupError", cause
+    assert ("an on_run_error hook of agent 'cap-run-error-model' failed the run with LookupError: the pricing "
+            "service is down; try again in an hour (the run had failed with ModelHTTPError: ") in str(cause)
+    assert [t for t, _ in seen] == ["ModelHTTPError"] and "400" in seen[0][1]  # final: asked once, not retried
 
 
 def _span_exporter() -> tuple[Any, InMemorySpanExporter]:

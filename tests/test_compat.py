@@ -17,6 +17,7 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.DESCRIBE_AGENT_ACTIVITY == "durable-codemode.describe_agent"
     assert _names.SEAL_REPL_ACTIVITY == "durable-codemode.seal_repl"
     assert _names.OUTPUT_ACTIVITY == "durable-codemode.output"
+    assert _names.RUN_ERROR_ACTIVITY == "durable-codemode.on_run_error"
     assert _names.SANDBOX_GUARDS_PATCH == "durable-codemode.sandbox-guards"
     assert _names.RUN_CODE_TOOL == "run_code"
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"

@@ -21,6 +21,7 @@ __all__ = [
     "CodeModeUserError",
     "GuardrailError",
     "InvalidRunInputError",
+    "RunFailedError",
     "RunNotFoundError",
     "TransientToolError",
     "WorkerUnavailableError",
@@ -53,6 +54,22 @@ class GuardrailError(CodeModeError):
 
     The run ends there, before any model request or tool call, with the hook's message (not retried).
     """
+
+
+class RunFailedError(CodeModeError):
+    """A durable run's failure as its `on_run_error` hooks get it, when pydantic-ai has no exception type for it.
+
+    E.g. a model request's final error, a limit of the sandbox, a tool's retries run out.
+
+    A usage limit, the output retries and a `UserError` reach the hooks as pydantic-ai's own `UsageLimitExceeded`,
+    `UnexpectedModelBehavior` and `UserError`. The failure was recorded in workflow code, perhaps on another worker,
+    so what is rebuilt is its type's name (`error_type`, e.g. `ModelHTTPError`) and its message.
+    """
+
+    def __init__(self, error_type: str, message: str) -> None:
+        super().__init__(f"{error_type}: {message}")
+        self.error_type = error_type
+        self.message = message
 
 
 class InvalidRunInputError(CodeModeUserError, ValueError):

@@ -21,6 +21,7 @@ __all__ = [
     "OUTPUT_ACTIVITY",
     "OUTPUT_CHECK_SUMMARY",
     "RUN_CODE_TOOL",
+    "RUN_ERROR_ACTIVITY",
     "SANDBOX_GUARDS_PATCH",
     "SEAL_REPL_ACTIVITY",
     "STATUS_MEMO",
@@ -56,6 +57,10 @@ own output processing, with the run's deps): the validated output, or pydantic-a
 AFTER_RUN_ACTIVITY = "durable-codemode.after_run"
 """Runs the capabilities' `after_run` hooks on a run's result, once its output is decided: the output they return
 (pydantic-ai's `AgentRunResult.output`, maybe replaced) is the run's."""
+
+RUN_ERROR_ACTIVITY = "durable-codemode.on_run_error"
+"""Runs the capabilities' `on_run_error` hooks on a run's failure (one its body decided: a usage limit, the output
+retries, a model request's final error): the result they return recovers the run, or what they raise fails it."""
 
 OUTPUT_CHECK_SUMMARY = "check the output of model turn "
 """The start of an output activity's summary, followed by its turn's index (read back by `codemode trace`)."""

@@ -55,7 +55,13 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 
 from ._errors import CodeModeUserError
-from ._names import AFTER_RUN_ACTIVITY, DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY
+from ._names import (
+    AFTER_RUN_ACTIVITY,
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    OUTPUT_ACTIVITY,
+    RUN_ERROR_ACTIVITY,
+)
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
@@ -363,7 +369,8 @@ class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
         attributes: dict[str, Any] = {
             "codemode.attempt": info.attempt, "codemode.activity_type": info.activity_type,
             "temporalActivityID": info.activity_id, "temporalWorkflowID": info.workflow_id or ""}
-        if info.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY, AFTER_RUN_ACTIVITY):  # a tool call's
+        if info.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY, AFTER_RUN_ACTIVITY,
+                                      RUN_ERROR_ACTIVITY):  # a tool call's
             attributes["codemode.call_id"] = info.activity_id.rsplit("-", 1)[0]
         tracer = trace.get_tracer(TRACER_NAME)
         with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes=attributes):

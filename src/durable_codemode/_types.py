@@ -42,7 +42,9 @@ __all__ = [
     "OutputInput",
     "OutputSpec",
     "OutputVerdict",
+    "RunErrorInput",
     "RunInput",
+    "RunRecovery",
     "RunResult",
     "SnippetRecord",
     "ToolCallInput",
@@ -256,6 +258,10 @@ class AgentSpec:
     """Whether the agent's capabilities have `after_run` hooks: the run's output, once decided, goes through them
     in the after-run activity, and the output they return is the run's. `False`: no such hooks, or a run recorded
     before they were applied (it ends with its output as it ran)."""
+    run_error_hooks: bool = False
+    """Whether the agent's capabilities have `on_run_error` hooks: a failure of the run's body goes through them in
+    the run-error activity, and a result they return recovers the run. `False`: no such hooks, or a run recorded
+    before they were applied (it fails as it ran)."""
     counts_failed_attempts: bool = False
     """Whether the run's usage counts the tokens of the attempts a response records it moved on from
     (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
@@ -481,6 +487,29 @@ class AfterRunInput:
     output: Any
     usage: RunUsage
     deps: Any = None
+
+
+@dataclass(kw_only=True)
+class RunErrorInput:
+    """The input of the run-error activity: how a run's body failed, and what its `RunContext` holds then."""
+
+    agent: str
+    model: str | None
+    messages: list[ModelMessage]
+    usage: RunUsage
+    error_type: str
+    """The failure's type, as the run would fail with it (`UsageLimitExceeded`, `UnexpectedModelBehavior`, ...)."""
+    error_message: str
+    deps: Any = None
+
+
+@dataclass(kw_only=True)
+class RunRecovery:
+    """What the run-error activity found: whether the `on_run_error` hooks recovered the run, and its output."""
+
+    recovered: bool
+    output: Any = None
+    """The output (JSON) of the result the hooks returned, when `recovered`."""
 
 
 @dataclass(kw_only=True)

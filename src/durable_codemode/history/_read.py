@@ -45,6 +45,7 @@ from .._names import (
     OUTPUT_ACTIVITY,
     OUTPUT_CHECK_SUMMARY,
     RUN_CODE_TOOL,
+    RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
     call_id_of_activity,
     tool_of_activity_type,
@@ -410,7 +411,8 @@ class _Assembler:
         recorded = {t.index: t for t in self.summary_of(run_index)}
         requests = [a for a in parsed.activities if a.activity_type == MODEL_REQUEST_ACTIVITY]
         tools = [a for a in parsed.activities
-                 if a.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY, AFTER_RUN_ACTIVITY)]
+                 if a.activity_type not in (MODEL_REQUEST_ACTIVITY, OUTPUT_ACTIVITY, AFTER_RUN_ACTIVITY,
+                                            RUN_ERROR_ACTIVITY)]
         checks = {a.summary.removeprefix(OUTPUT_CHECK_SUMMARY): a for a in parsed.activities
                   if a.activity_type == OUTPUT_ACTIVITY and a.summary and a.summary.startswith(OUTPUT_CHECK_SUMMARY)}
         output_tools = parsed.spec.output.tool_names if parsed.spec and parsed.spec.output else frozenset()

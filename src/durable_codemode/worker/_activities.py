@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic_ai.exceptions import FallbackExceptionGroup, ModelHTTPError, UnexpectedModelBehavior, UserError
+from pydantic_ai.exceptions import (
+    FallbackExceptionGroup,
+    ModelHTTPError,
+    UnexpectedModelBehavior,
+    UsageLimitExceeded,
+    UserError,
+)
 from pydantic_ai.messages import ModelResponse
 from pydantic_core import to_json
 from temporalio import activity
@@ -22,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 
 from .._carry import SealRequest, SealResult
 from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
-from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError
+from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
 from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
     AFTER_RUN_ACTIVITY,
@@ -31,6 +37,7 @@ from .._names import (
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
     OUTPUT_ACTIVITY,
+    RUN_ERROR_ACTIVITY,
     SEAL_REPL_ACTIVITY,
     call_id_of_activity,
 )
@@ -45,6 +52,8 @@ from .._types import (
     ModelStep,
     OutputInput,
     OutputVerdict,
+    RunErrorInput,
+    RunRecovery,
     ToolCallInput,
 )
 from ._agent import CodeModeAgent
@@ -68,6 +77,23 @@ def _may_pass(error: BaseException) -> bool:
     if isinstance(error, ModelHTTPError):
         return error.status_code >= 500 or error.status_code in (408, 409, 429)
     return not isinstance(error, (CodeModeUserError, UserError, UnexpectedModelBehavior))
+
+_PYDANTIC_AI_FAILURES: dict[str, Callable[[str], BaseException]] = {
+    "UsageLimitExceeded": UsageLimitExceeded,
+    "UnexpectedModelBehavior": UnexpectedModelBehavior,
+    "UserError": UserError,
+}
+"""The failures of a run's body that `on_run_error` hooks get as pydantic-ai's own exception, by recorded type."""
+
+
+def run_failure(error_type: str, message: str) -> BaseException:
+    """A run's recorded failure as an exception for its `on_run_error` hooks.
+
+    pydantic-ai's own type when it has one (`UsageLimitExceeded`, ...), else `RunFailedError` naming the type.
+    """
+    rebuild = _PYDANTIC_AI_FAILURES.get(error_type)
+    return rebuild(message) if rebuild is not None else RunFailedError(error_type, message)
+
 
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
@@ -104,7 +130,8 @@ class CodeModeActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity to register on the worker."""
-        return [self.describe_agent, self.model_request, self.check_output, self.after_run, self.seal_repl,
+        return [self.describe_agent, self.model_request, self.check_output, self.after_run, self.on_run_error,
+                self.seal_repl,
                 self.compute, self.run_tool, self.run_batch]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
@@ -217,6 +244,31 @@ class CodeModeActivities:
         except Exception as e:
             raise ApplicationError(f"an after_run hook of agent {input.agent!r} failed the run: "
                                    f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
+                                   non_retryable=True) from e
+
+    @activity.defn(name=RUN_ERROR_ACTIVITY)
+    async def on_run_error(self, input: RunErrorInput) -> RunRecovery:
+        """Whether the capabilities' `on_run_error` hooks recover a failed run, and with what output (JSON).
+
+        The hooks get the failure rebuilt (`run_failure`). When they raise it back, none recovered the run: it fails
+        as it would have. Another exception of theirs is final and fails the run with its message; a transient one
+        is retried (the hooks may do I/O).
+        """
+        agent = self.agent(input.agent)
+        error = run_failure(input.error_type, input.error_message)
+        try:
+            return RunRecovery(recovered=True, output=await heartbeating(
+                agent.on_run_error(input.model, input.messages, input.usage, error, deps=input.deps)))
+        except BaseException as e:
+            if e is error:
+                return RunRecovery(recovered=False)
+            if isinstance(e, TRANSIENT):
+                raise ApplicationError(message_of(e), type=type(e).__name__) from e
+            if not isinstance(e, Exception):
+                raise
+            raise ApplicationError(f"an on_run_error hook of agent {input.agent!r} failed the run with "
+                                   f"{type(e).__name__}: {message_of(e)} (the run had failed with "
+                                   f"{input.error_type}: {input.error_message})", type=type(e).__name__,
                                    non_retryable=True) from e
 
     @activity.defn(dynamic=True)

@@ -58,6 +58,7 @@ from ._capabilities import (
     has_after_run_hooks,
     has_model_request_hooks,
     has_prepare_tools_hooks,
+    has_run_error_hooks,
     instrumentation_of,
     instrumented_context,
     instrumented_request,
@@ -66,6 +67,7 @@ from ._capabilities import (
     request_through_hooks,
     run_after_run,
     run_before_run,
+    run_on_run_error,
     run_toolset,
     unapplied_hooks,
     unsupported_tool_search,
@@ -302,6 +304,7 @@ class CodeModeAgent:
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._model_hooked = has_model_request_hooks(agent)
         self._after_run_hooked = has_after_run_hooks(agent)
+        self._run_error_hooked = has_run_error_hooks(agent)
         self._prepares_tools = has_prepare_tools_hooks(agent)
         self._wraps_toolsets = wraps_toolsets(agent)
         """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
@@ -576,7 +579,7 @@ class CodeModeAgent:
             compute_escalation=True,
             records_type_check_rejections=True,
             model_request_hooks=self._model_hooked, counts_failed_attempts=True,
-            after_run_hooks=self._after_run_hooked,
+            after_run_hooks=self._after_run_hooked, run_error_hooks=self._run_error_hooked,
             signed_approvals=authority is not None and not authority.unsigned,
             output=_output_spec(self.agent, info),
             native_tools=_provider_tools(info.model_request_parameters.native_tools),
@@ -785,6 +788,17 @@ class CodeModeAgent:
         result = AgentRunResult(output=typed, _state=GraphAgentState(  # pinned by tests/test_compat.py
             message_history=list(messages), usage=usage))
         return jsonable(await run_after_run(self.agent, ctx, result))
+
+    async def on_run_error(self, override: str | None, messages: list[ModelMessage], usage: RunUsage,
+                           error: BaseException, *, deps: Any = None) -> Any:
+        """The output (JSON) with which the capabilities' `on_run_error` hooks recover a failed run.
+
+        They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and the error
+        (`run_failure`). What they raise propagates; `error` itself when none of them recovers the run.
+        """
+        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
+                      messages=list(messages), usage=usage, prompt=_last_prompt(messages))
+        return jsonable(await run_on_run_error(self.agent, ctx, error))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
                         deps: Any = None, recorded_schema: str | None = None) -> Any:

@@ -62,6 +62,7 @@ __all__ = [
     "has_after_run_hooks",
     "has_model_request_hooks",
     "has_prepare_tools_hooks",
+    "has_run_error_hooks",
     "instrumentation_of",
     "instrumented_context",
     "instrumented_request",
@@ -70,6 +71,7 @@ __all__ = [
     "request_through_hooks",
     "run_after_run",
     "run_before_run",
+    "run_on_run_error",
     "run_toolset",
     "unapplied_hooks",
     "unsupported_tool_search",
@@ -95,12 +97,13 @@ MODEL_REQUEST_HOOKS = frozenset({
 """Dispatched by `request_through_hooks` in the model activity, around the model call of each request."""
 
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
-"""Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), and `after_run` once
-its output is decided, in the after-run activity (`run_after_run`)."""
+"""Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), `after_run` once
+its output is decided, in the after-run activity (`run_after_run`), and `on_run_error` if its body fails, in the
+run-error activity (`run_on_run_error`)."""
 
 APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {
-    "before_run", "after_run", "get_model_settings", "get_instructions", "get_toolset", "get_wrapper_toolset",
-    "prepare_tools", "prepare_output_tools"}
+    "before_run", "after_run", "on_run_error", "get_model_settings", "get_instructions", "get_toolset",
+    "get_wrapper_toolset", "prepare_tools", "prepare_output_tools"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded.
 `prepare_tools` / `prepare_output_tools`: called once, when the run starts (describe), with the run's prompt and
@@ -114,7 +117,6 @@ toolset when it starts, and each call goes through it in its activity (`run_tool
 _OUR_LOOP = "a durable run's loop is its workflow, not pydantic-ai's agent graph"
 REFUSED_HOOKS: dict[str, str] = {
     "wrap_run": f"{_OUR_LOOP}: nothing on one worker spans a run that may outlive it (continue-as-new, approvals)",
-    "on_run_error": f"{_OUR_LOOP}: a run's failure is decided in workflow code and cannot be recovered by a hook",
     "before_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
     "after_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
     "wrap_node_run": f"{_OUR_LOOP}: there are no graph nodes to wrap or redirect",
@@ -284,6 +286,11 @@ def has_prepare_tools_hooks(agent: Agent[Any, Any]) -> bool:
     return any("prepare_tools" in _hooks_of(capability) for capability in extra_capabilities(agent))
 
 
+def has_run_error_hooks(agent: Agent[Any, Any]) -> bool:
+    """Whether a capability of `agent` has an `on_run_error` hook (run failures go through the run-error activity)."""
+    return any("on_run_error" in _hooks_of(capability) for capability in extra_capabilities(agent))
+
+
 def has_after_run_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` has an `after_run` hook (its runs' outputs go through the after-run activity)."""
     return any("after_run" in _hooks_of(capability) for capability in extra_capabilities(agent))
@@ -401,6 +408,14 @@ async def run_before_run(agent: Agent[Any, Any], ctx: RunContext[Any]) -> None:
 async def run_after_run(agent: Agent[Any, Any], ctx: RunContext[Any], result: AgentRunResult[Any]) -> Any:
     """Call the capabilities' `after_run` hooks on a run's result, as `agent.run()` does; the output they return."""
     return (await (await _own(agent).for_run(ctx)).after_run(ctx, result=result)).output
+
+
+async def run_on_run_error(agent: Agent[Any, Any], ctx: RunContext[Any], error: BaseException) -> Any:
+    """Call the capabilities' `on_run_error` hooks on a run's failure, as `agent.run()` does; the recovered output.
+
+    What they raise propagates (the error itself, to let the run fail); a result they return recovers the run.
+    """
+    return (await (await _own(agent).for_run(ctx)).on_run_error(ctx, error=error)).output
 
 
 def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:

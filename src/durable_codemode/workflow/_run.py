@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         OUTPUT_ACTIVITY,
         OUTPUT_CHECK_SUMMARY,
         RUN_CODE_TOOL,
+        RUN_ERROR_ACTIVITY,
         SEAL_REPL_ACTIVITY,
         WORKFLOW_TYPE,
         tool_activity_id,
@@ -75,7 +76,9 @@ with workflow.unsafe.imports_passed_through():
         ModelStep,
         OutputInput,
         OutputVerdict,
+        RunErrorInput,
         RunInput,
+        RunRecovery,
         RunResult,
         SnippetRecord,
         ToolCallInput,
@@ -135,6 +138,14 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         if isinstance(cause, ApplicationError):
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
         raise
+
+
+def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
+    """The type and message a run's failure has: its own, or its activity's cause's (a model request's)."""
+    failure = error.cause if isinstance(error, ActivityError) and error.cause is not None else error
+    if isinstance(failure, ApplicationError):
+        return failure.type or "ApplicationError", failure.message
+    return type(failure).__name__, str(failure)
 
 
 def _tool_error(tool: str, error: ActivityError) -> Settled:
@@ -301,7 +312,7 @@ class CodeModeRunWorkflow:
             if refused is not None:
                 messages = self._with_note(messages, carry_refused_note(refused))
         try:
-            return await self._progress.run(self._loop(input, cont, messages, repl), agent=spec.agent,
+            return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
                                             run_index=cont.runs)
         finally:
             repl.close()
@@ -316,9 +327,36 @@ class CodeModeRunWorkflow:
                 if attempt.usage is not None:
                     usage.incr(attempt.usage)
 
-    async def _loop(
+    async def _body(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
     ) -> RunResult[Any]:
+        """The run's loop, then its end, as `agent.run()` orders them.
+
+        The capabilities' `on_run_error` hooks may recover a failure of the loop (not one of `before_run` or
+        `after_run`: pydantic-ai's do not see those either), and `after_run` sees the output.
+        """
+        try:
+            output = await self._loop(input, cont, messages, repl)
+        except (ApplicationError, ActivityError) as e:
+            if not cont.spec.run_error_hooks or (isinstance(e, ActivityError) and isinstance(e.cause, CancelledError)):
+                raise
+            error_type, message = _failure_of(e)
+            recovery: RunRecovery = await _run_deciding_activity(
+                RUN_ERROR_ACTIVITY,
+                RunErrorInput(agent=cont.spec.agent, model=input.model, messages=messages, usage=cont.usage,
+                              error_type=error_type, error_message=message, deps=input.deps),
+                result_type=RunRecovery,
+                summary=f"on_run_error hooks ({error_type})",
+            )
+            if not recovery.recovered:
+                raise  # as it would have failed without the hooks
+            output = recovery.output
+        return await self._finish(input, messages, output, cont)
+
+    async def _loop(
+        self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
+    ) -> Any:
+        """Model requests and their tool calls until the output is decided: the decided output (JSON)."""
         spec = cont.spec
         limits = spec.limits
         usage, turns = cont.usage, cont.turns
@@ -374,7 +412,7 @@ class CodeModeRunWorkflow:
             out = spec.output
             if out is None and not calls:
                 if text:
-                    return await self._finish(input, messages, text, cont)
+                    return text
                 messages.append(self._request([RetryFeedbackPart(
                     "Your response had neither text nor a tool call; answer in text or call a tool.",
                     retry=RetryInfo("no_output"))]))
@@ -391,7 +429,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
                                                    counts=not maybe_text)
                 if verdict.retry is None:
-                    return await self._finish(input, messages, verdict.output, cont)
+                    return verdict.output
                 if not functions:
                     messages.append(self._request(list(verdict.retry.parts)))
                     continue
@@ -423,7 +461,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
                                                              output_calls, index)
                 if verdict.retry is None:
-                    return await self._finish(input, messages, verdict.output, cont)
+                    return verdict.output
                 retry_parts = list(verdict.retry.parts)
             messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
 
