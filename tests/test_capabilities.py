@@ -20,10 +20,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from pydantic import BaseModel
 from pydantic_ai import Agent, AgentRunResult, ModelRetry, RunContext, Tool
-from pydantic_ai.capabilities import AbstractCapability, Hooks, Instrumentation, ProcessHistory
+from pydantic_ai.capabilities import AbstractCapability, Hooks, Instrumentation, ProcessHistory, SelectModel
 from pydantic_ai.exceptions import UsageLimitExceeded
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
-from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models import ModelRequestContext, ModelSelectionContext
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.tools import ToolDefinition
@@ -373,7 +373,8 @@ async def test_retry_model_request_outside_an_attempt_fails_the_run_with_pydanti
 def test_model_fallback_that_would_be_the_agents_model_is_refused_by_name() -> None:
     from pydantic_ai.capabilities import ModelFallback
 
-    with pytest.raises(CodeModeUserError, match=r"ModelFallback\.get_model \(the run's model is the agent's"):
+    with pytest.raises(CodeModeUserError, match=r"ModelFallback\.get_model \(a durable run's model is the agent's.*"
+                                                r"a capability that is the model itself is not applied"):
         CodeModeAgent(Agent(name="cap-no-model", capabilities=[ModelFallback(scripted_model("x"))]))
 
 
@@ -567,6 +568,46 @@ async def test_an_on_run_error_hook_gets_a_model_failure_by_type_and_may_fail_th
     assert ("an on_run_error hook of agent 'cap-run-error-model' failed the run with LookupError: the pricing "
             "service is down; try again in an hour (the run had failed with ModelHTTPError: ") in str(cause)
     assert [t for t, _ in seen] == ["ModelHTTPError"] and "400" in seen[0][1]  # final: asked once, not retried
+
+
+async def test_select_model_picks_each_steps_model_in_the_model_activity(client: Client) -> None:
+    picks: list[tuple[int, str, str | None, int]] = []
+    strong_calls: list[int] = []
+
+    def strong(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        strong_calls.append(len(messages))
+        return ModelResponse(parts=[TextPart("answered by the strong model")])
+
+    strong_model = FunctionModel(strong, model_name="strong")
+
+    def select(ctx: ModelSelectionContext[Tenant]) -> Any:
+        picks.append((ctx.run_step, ctx.deps.tenant, ctx.model.model_name if ctx.model else None, len(ctx.messages)))
+        return ctx.model if ctx.run_step == 1 else strong_model  # escalate once the data is in
+
+    scripted = scripted_model(RunCode("await stock(sku='abc')"), "the scripted model never says this")
+    agent = _stock_agent(scripted, "cap-select-model", deps_type=Tenant, capabilities=[SelectModel(select)])
+    _, result = await completed_run(client, agent, "stock?", deps=Tenant("acme"))
+    assert result.output == "answered by the strong model"
+    # Once per step, in the model activity (never in the worker's probes): the agent's model first, then the
+    # model that answered the step before, with the run's deps and the history the step sends.
+    assert picks == [(1, "acme", scripted.model_name, 1), (2, "acme", scripted.model_name, 3)]
+    assert strong_calls == [3]
+
+
+async def test_a_model_a_selector_names_without_its_key_fails_the_run_naming_the_variable(
+        client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    asked: list[int] = []
+
+    def select(ctx: ModelSelectionContext[None]) -> str:
+        asked.append(ctx.run_step)
+        return "openai:gpt-5"
+
+    failed = await _failed_run(client, Agent(scripted_model("x"), name="cap-select-keyless",
+                                             capabilities=[SelectModel(select)]))
+    assert "agent 'cap-select-keyless' cannot use the model its SelectModel picked 'openai:gpt-5': OPENAI_API_KEY " \
+           "is not set in this worker's environment" in str(failed)
+    assert asked == [1]  # final, not retried with back-off
 
 
 def _span_exporter() -> tuple[Any, InMemorySpanExporter]:

@@ -370,3 +370,26 @@ async def test_the_pydantic_ai_tool_search_surface_we_read_is_there() -> None:
     assert next(t for t in parameters.native_tools if isinstance(t, ToolSearchTool)).optional is True
     # `call_through_hooks`: a deferred tool is callable once its name is among the discovered ones.
     assert "discovered_tool_names" in {f.name for f in dataclasses.fields(RunContext)}
+
+
+def test_the_pydantic_ai_model_selection_surface_we_call_is_there() -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import CombinedCapability, SelectModel
+    from pydantic_ai.models import ModelSelectionContext
+    from pydantic_ai.usage import RunUsage
+
+    # `model_selector`: SelectModel contributes its selector as its model; of several, the last one given wins.
+    def first(ctx: ModelSelectionContext[None]) -> str:
+        return "test"
+
+    def last(ctx: ModelSelectionContext[None]) -> str:
+        return "test"
+
+    assert SelectModel(first).get_model() is first
+    assert CombinedCapability([SelectModel(first), SelectModel(last)]).get_model() is last
+    # `_selected_model` builds the context with these fields.
+    agent = Agent("test")
+    ctx = ModelSelectionContext(agent=agent, deps=None, model=None, run_step=2, prompt="go", messages=[],
+                                usage=RunUsage(), retry=1, max_retries=3, run_id="wf")
+    assert (ctx.run_step, ctx.retry, ctx.max_retries, ctx.run_id) == (2, 1, 3, "wf")
+    assert isinstance(agent._max_output_retries, int)

@@ -8,6 +8,7 @@ sandbox may call, their activity options, the snippet limits, and the environmen
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
@@ -19,7 +20,7 @@ from pydantic_ai._agent_graph import GraphAgentState
 from pydantic_ai._output import types_from_output_spec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
-from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, infer_model
+from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, ModelSelectionContext, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.native_tools._tool_search import ToolSearchTool  # pinned by tests/test_compat.py
@@ -62,6 +63,7 @@ from ._capabilities import (
     instrumentation_of,
     instrumented_context,
     instrumented_request,
+    model_selector,
     probing,
     registered_capabilities,
     request_through_hooks,
@@ -195,6 +197,14 @@ def _provider_tools(tools: Sequence[AbstractNativeTool]) -> list[AbstractNativeT
     return [tool for tool in tools if not isinstance(tool, ToolSearchTool)]
 
 
+def _built_or_none(name: str) -> Model | None:
+    """The model called `name` (a model string, as a response's `model_id` may be), or `None` if none can be built."""
+    try:
+        return build_model(name, subject="a model selector's previous model", whose="it", otherwise="")
+    except (CodeModeUserError, ValueError, ImportError):  # e.g. `function:...`: a model object's id, not a name
+        return None
+
+
 def _catalog_of(tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]) -> ToolCatalog:
     """The recorded catalog of `tools`, from their own stubs (`render_tool_stubs`), each type definition once."""
     types: dict[str, int] = {}
@@ -303,6 +313,8 @@ class CodeModeAgent:
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._model_hooked = has_model_request_hooks(agent)
+        self._model_selector = model_selector(agent)
+        self._selected_models: dict[str, Model] = {}  # what the selector picked, by `model_id`, on this worker
         self._after_run_hooked = has_after_run_hooks(agent)
         self._run_error_hooked = has_run_error_hooks(agent)
         self._prepares_tools = has_prepare_tools_hooks(agent)
@@ -708,7 +720,10 @@ class CodeModeAgent:
                       model=model, messages=history,
                       usage=usage or RunUsage(), run_step=run_step, model_settings=settings,
                       prompt=_last_prompt(messages))
-        chosen = override or self.agent.model
+        chosen: Any = override or self.agent.model
+        if self._model_selector is not None and override is None:  # as `Agent.run(model=...)`, a run's model wins
+            model, chosen = await self._selected_model(ctx, model, history, output_retries)
+            ctx = replace(ctx, model=model)
         request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
                                       model_request_parameters=self._parameters(tools, output, native_tools),
                                       model_id=chosen if isinstance(chosen, str) else None)
@@ -720,6 +735,33 @@ class CodeModeAgent:
             raise UnexpectedModelBehavior(f"Exceeded maximum output retries ({budget})")
         rewritten = len(history) != len(messages) or any(a is not b for a, b in zip(history, messages, strict=True))
         return ModelStep(response=response, retry=retry, messages=history if rewritten else None)
+
+    async def _selected_model(self, ctx: RunContext[Any], default: Model, history: list[ModelMessage],
+                              output_retries: int) -> tuple[Model, Model | str]:
+        """The model a selector (`SelectModel`) picks for this step, and the selection (a model or its name).
+
+        It gets pydantic-ai's `ModelSelectionContext`: on the first step the agent's model, then the one that
+        answered the step before, as the last response recorded it (`model_id`): one this worker's selector picked,
+        or one built again from its name, else (picked as an object on another worker) the agent's. It runs in
+        the model activity, so what it picked is the recorded response's, and a replay never asks it again. A name
+        is built here, with the same key checks as the agent's model (a missing key fails the run, not retried).
+        """
+        assert self._model_selector is not None
+        previous = next((m for m in reversed(history) if isinstance(m, ModelResponse)), None)
+        lower = default
+        if previous is not None and previous.model_id and previous.model_id != default.model_id:
+            lower = self._selected_models.get(previous.model_id) or _built_or_none(previous.model_id) or default
+        selection = self._model_selector(ModelSelectionContext(
+            agent=self.agent, deps=ctx.deps, model=lower, run_step=ctx.run_step, prompt=ctx.prompt,
+            messages=list(history), usage=ctx.usage, retry=output_retries,
+            max_retries=self.agent._max_output_retries, run_id=ctx.run_id))  # pinned by tests/test_compat.py
+        if inspect.isawaitable(selection):
+            selection = await selection
+        if isinstance(selection, Model):
+            self._selected_models[selection.model_id] = selection
+            return selection, selection
+        return build_model(selection, subject=f"agent {self.name!r}", whose="the model its SelectModel picked",
+                           otherwise="have the selector pick a model that works on this worker"), selection
 
     def _settings(self, deps: Any, model_settings: Mapping[str, Any] | None) -> ModelSettings | None:
         """The request's settings, layered as `Agent.run` layers them.

@@ -45,7 +45,7 @@ from pydantic_ai.capabilities import (
     ToolSearch,
     WrapperCapability,
 )
-from pydantic_ai.capabilities.abstract import WrapModelRequestHandler, WrapRunHandler
+from pydantic_ai.capabilities.abstract import ModelSelector, WrapModelRequestHandler, WrapRunHandler
 from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest, UserError
 from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
 from pydantic_ai.models import Model, ModelRequestContext
@@ -66,6 +66,7 @@ __all__ = [
     "instrumentation_of",
     "instrumented_context",
     "instrumented_request",
+    "model_selector",
     "probing",
     "registered_capabilities",
     "request_through_hooks",
@@ -129,8 +130,9 @@ REFUSED_HOOKS: dict[str, str] = {
                         "uses depends on its model, while a run's sandbox tools are fixed when it starts; give "
                         "native=False (the local tool) or local=False (the provider's)",
     "get_wrapper_model": "the model activity calls the run's model itself",
-    "get_model": "the run's model is the agent's or start_run(model=...): give the agent a model of its own "
-                 "(ModelFallback then falls back from it)",
+    "get_model": "a durable run's model is the agent's, start_run(model=...)'s, or one a selector picks for each "
+                 "step (SelectModel): a capability that is the model itself is not applied; give the agent a model "
+                 "of its own (ModelFallback then falls back from it)",
     "resolve_model_id": "the run's model is the agent's or start_run(model=...)",
     "handle_deferred_tool_calls": "a durable run pauses a call for approval itself (ToolOptions(requires_approval))",
     "get_default_run_id": "a durable run's id is its workflow id",
@@ -263,8 +265,9 @@ def unsupported_tool_search(agent: Agent[Any, Any]) -> list[str]:
 
 def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
     """Whether `capability`'s override of `hook` gives the run something (else it is harmless to leave uncalled)."""
-    if hook == "get_model":
-        return capability.get_model() is not None
+    if hook == "get_model":  # a per-step selector (`SelectModel`) is applied in the model activity (`model_selector`)
+        contribution = capability.get_model()
+        return contribution is not None and not _is_selector(contribution)
     if hook == "get_native_tools":  # the provider's tools alone are sent with every request (`AgentSpec`)
         return bool(capability.get_native_tools()) and capability.get_toolset() is not None
     return True
@@ -277,8 +280,26 @@ def fallback_model_names(agent: Agent[Any, Any]) -> list[str]:
 
 
 def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
-    """Whether a capability of `agent` acts around its model requests (so the model activity runs its hooks)."""
-    return any(_hooks_of(capability) & MODEL_REQUEST_HOOKS for capability in extra_capabilities(agent))
+    """Whether a capability of `agent` acts around its model requests (so the model activity runs its hooks).
+
+    A model selector (`SelectModel`) counts: it picks each step's model in the model activity.
+    """
+    return model_selector(agent) is not None or any(
+        _hooks_of(capability) & MODEL_REQUEST_HOOKS for capability in extra_capabilities(agent))
+
+
+def _is_selector(contribution: Any) -> bool:
+    """Whether a capability's `get_model()` is a per-step selector (a callable), not a model or a model's name."""
+    return callable(contribution) and not isinstance(contribution, Model)
+
+
+def model_selector(agent: Agent[Any, Any]) -> ModelSelector[Any] | None:
+    """The selector that picks the model of each of `agent`'s request steps (`SelectModel`), if it has one.
+
+    As `Agent.iter` reads it: the capabilities' combined `get_model()` (the last one given wins), when callable.
+    """
+    contribution = CombinedCapability(extra_capabilities(agent)).get_model()
+    return contribution if _is_selector(contribution) else None  # type: ignore[return-value]
 
 
 def has_prepare_tools_hooks(agent: Agent[Any, Any]) -> bool:
