@@ -624,7 +624,7 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
     provider, exporter = _span_exporter()
     settings = InstrumentationSettings(tracer_provider=provider)
     program = "import asyncio\nawait asyncio.gather(stock(sku='ab'), stock(sku='abc'))"
-    runs: list[str | None] = []
+    runs: list[tuple[str | None, str | None]] = []
     hooks = Hooks()
     requests: list[int] = []
 
@@ -644,7 +644,7 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
     @agent.tool
     def stock(ctx: RunContext[None], sku: str) -> int:
         """Units of `sku` in stock."""
-        runs.append(ctx.run_id)
+        runs.append((ctx.run_id, ctx.conversation_id))
         return len(sku)
 
     handle, result = await completed_run(client, agent, "stock?")
@@ -658,7 +658,7 @@ async def test_pydantic_ais_instrumentation_makes_its_request_and_tool_spans_in_
     assert tools == [("execute_tool stock", "call_0.0"), ("execute_tool stock", "call_0.1")]
     # a durable run outlives any worker: its span is the workflow's (`create_worker(tracing=True)`), not an agent run's
     assert not [s.name for s in spans if s.name.startswith(("invoke_agent", "agent run"))]
-    assert runs == [handle.id, handle.id]  # a tool's `ctx.run_id` is the durable run's id
+    assert runs == [(handle.id, handle.id)] * 2  # a tool's `ctx.run_id` / `conversation_id`: the durable run's id
     assert len(requests) == (2 if capabilities == [hooks] else 0)  # the hooked request path is traced too
 
 

@@ -373,6 +373,7 @@ class CodeModeAgent:
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
                      attempt: int = 1, deps: Any = None) -> RunContext[Any]:
         model = self.agent.model
+        run_id = activity.info().workflow_id if activity.in_activity() else None  # the durable run's id
         ctx = RunContext(
             deps=self.deps if deps is None else deps,
             model=model if isinstance(model, Model) else infer_model(model or "test"),
@@ -383,7 +384,7 @@ class CodeModeAgent:
             retry=attempt - 1,
             retries={tool_name: attempt - 1} if tool_name else {},
             max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
-            run_id=activity.info().workflow_id if activity.in_activity() else None,  # the durable run's id
+            run_id=run_id, conversation_id=run_id,  # a durable run is one conversation, continued as new or not
             capabilities=registered_capabilities(self.agent),
         )
         validation = self.agent._validation_context  # pinned by tests/test_compat.py
