@@ -153,9 +153,9 @@ async def test_model_request_hooks_run_in_the_model_activity_with_the_runs_conte
                                     for p in response.parts], usage=response.usage)
 
     def reminded(messages: list[ModelMessage]) -> str:
-        last = messages[-1]
-        assert isinstance(last, ModelRequest) and last.parts[0].content == "be terse"
-        return f"stock: {last_result(messages[:-1])}"
+        last = messages[-1]  # the model gets the history as agent.run() hands it over: consecutive requests merged
+        assert isinstance(last, ModelRequest) and last.parts[-1].content == "be terse"
+        return f"stock: {last_result(messages)}"
 
     agent = Agent(scripted_model(RunCode("await stock(sku='abc')"), reminded), name="cap-model", deps_type=Tenant,
                   capabilities=[hooks])
@@ -173,8 +173,8 @@ async def test_model_request_hooks_run_in_the_model_activity_with_the_runs_conte
 
 
 def _drop_old(messages: list[ModelMessage]) -> list[ModelMessage]:
-    """A history processor: the first request (the task) and the last request only."""
-    return [messages[0], messages[-1]] if len(messages) > 2 else messages
+    """A history processor: the first request (the task) and the last exchange (a call and its result) only."""
+    return [messages[0], *messages[-2:]] if len(messages) > 3 else messages
 
 
 async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(client: Client) -> None:
@@ -194,8 +194,8 @@ async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(c
 
     agent = Agent(FunctionModel(respond), name="cap-history", capabilities=[ProcessHistory(_drop_old)])
     handle, result = await completed_run(client, agent, "count to 3")
-    # Unprocessed, the model would see 1, 3, 5, 7 messages; processed, never more than the task and the last request.
-    assert sizes == [1, 2, 2, 2]
+    # Unprocessed, the model would see 1, 3, 5, 7 messages; processed, never more than the task and the last exchange.
+    assert sizes == [1, 3, 3, 3]
     assert result.output == "counted to 3 seeing 1"
     # The run adopted the processed history, as pydantic-ai's does: each request carries it, not the whole run.
     history = await handle.fetch_history()
@@ -203,7 +203,7 @@ async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(c
                 e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput).messages
             for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
             and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
-    assert [len(m) for m in sent] == [1, 3, 4, 4]  # not adopted: [1, 3, 5, 7]
+    assert [len(m) for m in sent] == [1, 3, 5, 5]  # not adopted: [1, 3, 5, 7]
 
 
 async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or_tool(client: Client) -> None:

@@ -393,3 +393,27 @@ def test_the_pydantic_ai_model_selection_surface_we_call_is_there() -> None:
                                 usage=RunUsage(), retry=1, max_retries=3, run_id="wf")
     assert (ctx.run_step, ctx.retry, ctx.max_retries, ctx.run_id) == (2, 1, 3, "wf")
     assert isinstance(agent._max_output_retries, int)
+
+
+def test_the_pydantic_ai_message_preparation_we_call_is_there() -> None:
+    from pydantic_ai.messages import (
+        ModelRequest,
+        RetryFeedbackPart,
+        RetryInfo,
+        SystemPromptPart,
+        UserPromptPart,
+        _clean_message_history,
+    )
+    from pydantic_ai.models import ModelRequestParameters
+    from pydantic_ai.models.test import TestModel
+
+    # `send`: consecutive requests are merged, and the raw retry part becomes the user text providers are sent.
+    history = [ModelRequest(parts=[UserPromptPart("go")]),
+               ModelRequest(parts=[RetryFeedbackPart("try again", retry=RetryInfo("no_output"))])]
+    cleaned = _clean_message_history(list(history), repair_last_response=True)
+    assert len(cleaned) == 1
+    prepared = TestModel().prepare_messages(cleaned, ModelRequestParameters())
+    assert not [p for m in prepared if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, RetryFeedbackPart)]
+    # `describe` records system prompts with their ref and context id (`DynamicPrompt`).
+    part = SystemPromptPart("x", dynamic_ref="f", context_id="system_prompt:f")
+    assert (part.dynamic_ref, part.context_id) == ("f", "system_prompt:f")

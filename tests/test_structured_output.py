@@ -307,3 +307,29 @@ async def test_the_agents_validation_context_applies_to_tool_arguments_and_to_th
     assert "placed 2" in snippet.result and "at most 5 per order" in snippet.result  # the tool's arguments
     assert result.output == Order(qty=3) and result.usage.requests == 3  # qty 7 was rejected with the context
     await replay(handle)
+
+
+async def test_a_retry_reaches_the_model_rendered_as_a_provider_is_sent_it(client: Client) -> None:
+    # A provider's adapter refuses pydantic-ai's raw retry part ("`RetryFeedbackPart` cannot be rendered by this
+    # model"), so the history must go through `Model.prepare_messages`, as agent.run() sends it; FunctionModel
+    # alone would accept the raw part, so this model refuses it as the adapters do.
+    from pydantic_ai.messages import ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    told: list[str] = []
+
+    def strict(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        parts = [p for m in messages if isinstance(m, ModelRequest) for p in m.parts]
+        assert not [p for p in parts if isinstance(p, RetryFeedbackPart)], "an unrendered retry reached the model"
+        if len(messages) == 1:
+            return ModelResponse(parts=[])  # neither text nor a tool call: the run asks again
+        told.extend(str(p.content) for p in parts[1:] if isinstance(p, UserPromptPart))
+        return ModelResponse(parts=[TextPart("done")])
+
+    cm = CodeModeAgent(Agent(FunctionModel(strict), name="so-rendered"))
+    tq = new_task_queue()
+    async with running_worker(client, [cm], task_queue=tq):
+        handle = await start_run(client, cm, "go", task_queue=tq)
+        assert (await handle.result()).output == "done"
+    assert len(told) == 1 and "neither text nor a tool call" in told[0]  # as the user text a provider is sent
+    await replay(handle)

@@ -78,3 +78,46 @@ async def test_a_runs_own_instructions_join_the_agents_as_in_agent_run(client: C
     with pytest.raises(InvalidRunInputError, match="instructions must be a string"):
         await start_run(client, "instructed", "hi", task_queue=tq, instructions=["Answer in French."])  # type: ignore[arg-type]
     await replay(handle)
+
+
+def _dynamic_agent(seen: list[list[str]]) -> Agent[User, str]:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append([str(p.content) for m in messages if isinstance(m, ModelRequest) for p in m.parts
+                     if isinstance(p, (SystemPromptPart, UserPromptPart))])
+        return ModelResponse(parts=[TextPart("hello")])
+
+    agent = Agent(FunctionModel(model), name="dynamic-greeter", deps_type=User, system_prompt="Be brief.")
+
+    @agent.system_prompt(dynamic=True)
+    def whom(ctx: RunContext[User]) -> str:
+        return f"The user is {ctx.deps.name}."
+
+    @agent.system_prompt(dynamic=True, on_change="append")
+    def plan(ctx: RunContext[User]) -> str:
+        return f"Plan: {'pro' if ctx.deps.name == 'bob' else 'free'}."
+
+    return agent
+
+
+async def test_dynamic_system_prompts_are_revalued_in_a_given_history_as_in_agent_run(client: Client) -> None:
+    plain: list[list[str]] = []
+    first = await _dynamic_agent(plain).run("hi", deps=User("ana"))
+    history = first.all_messages()
+    await _dynamic_agent(plain).run("hi again", deps=User("bob"), message_history=history)
+
+    durable: list[list[str]] = []
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(_dynamic_agent(durable))], task_queue=tq):
+        opened = await start_run(client, "dynamic-greeter", "hi", task_queue=tq, deps=User("ana"))
+        await opened.result()
+        continued = await start_run(client, "dynamic-greeter", "hi again", task_queue=tq, deps=User("bob"),
+                                    message_history=history)
+        await continued.result()
+    # What the model sees, as rendered for it: in a given history, a 'rewrite' prompt takes the new run's value
+    # in place, and an 'append' prompt whose value changed is stated again (as its `<pyai:context>` element).
+    assert durable == plain
+    assert durable[1][:2] == ["Be brief.", "The user is bob."] and "Plan: free." in durable[1][2]
+    assert "Plan: pro." in durable[1][4] and durable[1][5] == "hi again"
+    assert history[0].parts[1].content == "The user is ana."  # type: ignore[union-attr]  # the caller's untouched
+    await replay(opened)
+    await replay(continued)

@@ -37,6 +37,7 @@ __all__ = [
     "ComputeRequest",
     "ComputeResult",
     "Continuation",
+    "DynamicPrompt",
     "ModelRequestInput",
     "ModelStep",
     "OutputInput",
@@ -162,6 +163,18 @@ class OutputSpec:
 
 
 @dataclass(kw_only=True)
+class DynamicPrompt:
+    """One `dynamic=True` system prompt of a run, as pydantic-ai's `SystemPromptPart` refers to it."""
+
+    index: int
+    """Its place in `AgentSpec.system_prompts`, which holds its value when the run started."""
+    ref: str
+    """The function's `__qualname__` (`SystemPromptPart.dynamic_ref`)."""
+    context_id: str | None = None
+    """Set for `on_change='append'`: a changed value is a new statement, not a rewrite of the old ones."""
+
+
+@dataclass(kw_only=True)
 class CatalogEntry:
     """One sandbox tool of a large catalog, as the run records it (`ToolCatalog`)."""
 
@@ -215,6 +228,10 @@ class AgentSpec:
     system_prompts: list[str] = field(default_factory=list)
     """The agent's system prompts (`system_prompt=` and `@agent.system_prompt` functions, given the run's deps),
     put at the start of a new conversation as pydantic-ai does; runs recorded before the field read none."""
+    dynamic_prompts: list[DynamicPrompt] = field(default_factory=list)
+    """Which of `system_prompts` come from `@agent.system_prompt(dynamic=True)` functions, valued when the run
+    started: their parts carry the function's ref, and a run given a message history re-values the parts there
+    that carry one (`workflow._system_prompts`). Runs recorded before the field read none and run as they ran."""
     sandbox_guards: bool = False
     """Whether the sandbox's guards (`_guards`) act in this run. Recorded, so the choice is part of the run:
     every run started now records `True`; a run recorded before the field existed reads `False` and replays as it

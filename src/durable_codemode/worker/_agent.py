@@ -50,7 +50,7 @@ from .._stubs import (
     stubs_of,
     tool_summary,
 )
-from .._types import AgentSpec, CatalogEntry, ModelStep, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
+from .._types import AgentSpec, CatalogEntry, DynamicPrompt, ModelStep, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import (
     call_through_hooks,
@@ -71,6 +71,7 @@ from ._capabilities import (
     run_before_run,
     run_on_run_error,
     run_toolset,
+    send,
     unapplied_hooks,
     unsupported_tool_search,
     wraps_toolsets,
@@ -124,6 +125,18 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
 
 
 _PROBE_PROFILE = ModelProfile(supports_tools=True, supports_json_schema_output=True, supports_json_object_output=True)
+
+
+class _RawProbeModel(FunctionModel):
+    """The describe probe's model: it sees the history as the run has it, not as rendered for a model.
+
+    `Model.prepare_messages` renders parts for sending (an appending system prompt as its `<pyai:context>`
+    element); the run records the parts themselves and renders them at each request (`send`), as pydantic-ai does.
+    """
+
+    def prepare_messages(self, messages: list[ModelMessage],
+                         model_request_parameters: ModelRequestParameters | None = None) -> list[ModelMessage]:
+        return messages
 """The profile of the `FunctionModel`s that ask pydantic-ai about the agent: one that takes every output mode, so
 the agent's own `NativeOutput` is not refused by the probe (the run's real model decides for itself)."""
 
@@ -517,13 +530,16 @@ class CodeModeAgent:
         # which run once, where they belong, through a private override slot pinned by tests/test_compat.py).
         try:
             with probing(self.agent, preparing=True):
-                await self.agent.run(prompt or "", model=FunctionModel(capture, profile=_PROBE_PROFILE), deps=deps,
+                await self.agent.run(prompt or "", model=_RawProbeModel(capture, profile=_PROBE_PROFILE), deps=deps,
                                      instructions=instructions)
             raise AssertionError("the probing run ended without a model request")
         except _Probed as probed:
             info = probed.info
-            system_prompts = [part.content for message in probed.messages if isinstance(message, ModelRequest)
-                              for part in message.parts if isinstance(part, SystemPromptPart)]
+            system_parts = [part for message in probed.messages if isinstance(message, ModelRequest)
+                            for part in message.parts if isinstance(part, SystemPromptPart)]
+            system_prompts = [part.content for part in system_parts]
+            dynamic_prompts = [DynamicPrompt(index=i, ref=part.dynamic_ref, context_id=part.context_id)
+                               for i, part in enumerate(system_parts) if part.dynamic_ref]
         tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
         if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
             # The request's parameters, not `info.function_tools`: those leave out the deferred tools
@@ -582,6 +598,7 @@ class CodeModeAgent:
             model_name=own.model_name if isinstance(own, Model) else str(own),
             instructions=info.instructions,
             system_prompts=system_prompts,
+            dynamic_prompts=dynamic_prompts,
             code_mode=self.code_mode,
             model_tools=model_tools,
             tools=specs,
@@ -685,7 +702,7 @@ class CodeModeAgent:
         settings, parameters = self._settings(deps, model_settings), self._parameters(tools, output, native_tools)
         instrumentation = instrumentation_of(self.agent)
         if instrumentation is None:
-            return await model.request(messages, settings, parameters)
+            return await send(model, list(messages), settings, parameters)
         ctx = replace(instrumented_context(self._run_context(deps=self.run_deps(deps)), instrumentation),
                       model=model, messages=list(messages), model_settings=settings, prompt=_last_prompt(messages))
         return await instrumented_request(self.agent, ctx, ModelRequestContext(

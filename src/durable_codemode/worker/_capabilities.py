@@ -47,8 +47,17 @@ from pydantic_ai.capabilities import (
 )
 from pydantic_ai.capabilities.abstract import ModelSelector, WrapModelRequestHandler, WrapRunHandler
 from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest, UserError
-from pydantic_ai.messages import ModelRequest, ModelResponse, RetryFeedbackPart, RetryInfo, ToolCallPart
-from pydantic_ai.models import Model, ModelRequestContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryFeedbackPart,
+    RetryInfo,
+    ToolCallPart,
+    _clean_message_history,  # pinned by tests/test_compat.py
+)
+from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset
@@ -74,6 +83,7 @@ __all__ = [
     "run_before_run",
     "run_on_run_error",
     "run_toolset",
+    "send",
     "unapplied_hooks",
     "unsupported_tool_search",
     "wraps_toolsets",
@@ -448,11 +458,28 @@ def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
     return CombinedCapability([*([instrumentation] if instrumentation else []), *extra_capabilities(agent)])
 
 
+async def send(model: Model, messages: list[ModelMessage], settings: ModelSettings | None,
+               parameters: ModelRequestParameters) -> ModelResponse:
+    """`model.request(...)` on the history as pydantic-ai's agent graph hands it to a model.
+
+    The graph cleans the history (consecutive requests merged, a dangling tool call answered) and runs
+    `Model.prepare_messages` first, which renders what adapters cannot: a `RetryFeedbackPart` (every output retry
+    a durable run asks for) becomes the fenced user text providers are sent, an appending system prompt its
+    `<pyai:context>` element. A provider's adapter refuses the raw parts with "`RetryFeedbackPart` cannot be
+    rendered by this model" (only `FunctionModel` accepts them). The run's recorded history is not changed.
+    """
+    cleaned = _clean_message_history(list(messages), repair_last_response=True)  # pinned by tests/test_compat.py
+    prepared = model.prepare_messages(cleaned, parameters)
+    if prepared is not cleaned:
+        prepared = _clean_message_history(prepared, repair_last_response=True)
+    return await model.request(prepared, settings, parameters)
+
+
 async def instrumented_request(agent: Agent[Any, Any], ctx: RunContext[Any],
                                request_context: ModelRequestContext) -> ModelResponse:
     """One model request of an agent without model-request hooks, inside its `Instrumentation`'s span if any."""
     async def handler(request: ModelRequestContext) -> ModelResponse:
-        return await request.model.request(request.messages, request.model_settings, request.model_request_parameters)
+        return await send(request.model, request.messages, request.model_settings, request.model_request_parameters)
 
     instrumentation = instrumentation_of(agent)
     if instrumentation is None:
@@ -530,8 +557,8 @@ async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request
         start = AttemptStart()  # pinned by tests/test_compat.py
         outcome: Exception | ModelResponse
         try:
-            outcome = response = await request.model.request(request.messages, request.model_settings,
-                                                             request.model_request_parameters)
+            outcome = response = await send(request.model, request.messages, request.model_settings,
+                                            request.model_request_parameters)
         except (ModelRetry, SkipModelRequest, RetryModelRequest):
             raise
         except Exception as e:

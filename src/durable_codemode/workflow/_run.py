@@ -29,7 +29,6 @@ with workflow.unsafe.imports_passed_through():
         ModelResponse,
         RetryFeedbackPart,
         RetryInfo,
-        SystemPromptPart,
         TextPart,
         ToolCallPart,
         ToolRetryCause,
@@ -91,6 +90,7 @@ with workflow.unsafe.imports_passed_through():
     from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
+    from ._system_prompts import opening_parts, revalued
 
 __all__ = ["CodeModeRunWorkflow"]
 
@@ -291,13 +291,16 @@ class CodeModeRunWorkflow:
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
             starter=input.started_by))
         messages: list[ModelMessage] = list(input.message_history)
+        now = workflow.now()
+        # As pydantic-ai does for a run given a history: its dynamic system prompts get the values of this run.
+        appended = revalued(spec, messages, now) if messages and input.continuation is None else []
         if input.prompt is not None:
-            now = workflow.now()
             # As pydantic-ai does: system prompts open a new conversation, not one continued from a history.
-            system: list[ModelRequestPart] = ([SystemPromptPart(p, timestamp=now) for p in spec.system_prompts]
-                                              if not messages and input.continuation is None else [])
-            messages.append(ModelRequest(parts=[*system, UserPromptPart(input.prompt, timestamp=now)],
+            system = opening_parts(spec, now) if not messages and input.continuation is None else []
+            messages.append(ModelRequest(parts=[*appended, *system, UserPromptPart(input.prompt, timestamp=now)],
                                          instructions=spec.instructions, timestamp=now))
+        elif appended and isinstance(messages[-1], ModelRequest):  # the history's last request is the one sent
+            messages[-1] = replace(messages[-1], parts=[*appended, *messages[-1].parts])
         if not messages or not isinstance(messages[-1], ModelRequest):
             raise ApplicationError(
                 "nothing to answer: give a prompt, or a message history that ends with a request",
