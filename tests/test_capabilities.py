@@ -594,6 +594,12 @@ async def test_select_model_picks_each_steps_model_in_the_model_activity(client:
     assert strong_calls == [3]
 
 
+def test_a_model_selector_on_an_agent_without_a_model_is_refused_by_name() -> None:
+    with pytest.raises(CodeModeUserError, match=r"a model selector \(SelectModel\) on an agent without a model of its "
+                                                r"own .*give the agent a model"):
+        CodeModeAgent(Agent(name="cap-select-no-model", capabilities=[SelectModel(lambda ctx: "test")]))
+
+
 async def test_a_model_a_selector_names_without_its_key_fails_the_run_naming_the_variable(
         client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)

@@ -88,6 +88,10 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
              "model-request hooks, ProcessHistory among them)" for unapplied in [unapplied_hooks(agent)] if unapplied]
     found.extend(_unsupported_toolsets(agent))
     found.extend(unsupported_tool_search(agent))
+    if agent.model is None and model_selector(agent) is not None:
+        found.append("a model selector (SelectModel) on an agent without a model of its own (a durable run builds "
+                     "the agent's model when it starts, and its selector starts from it: give the agent a model, "
+                     "which the selector's first ctx.model is)")
     if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
