@@ -458,21 +458,25 @@ def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
     return CombinedCapability([*([instrumentation] if instrumentation else []), *extra_capabilities(agent)])
 
 
-async def send(model: Model, messages: list[ModelMessage], settings: ModelSettings | None,
-               parameters: ModelRequestParameters) -> ModelResponse:
-    """`model.request(...)` on the history as pydantic-ai's agent graph hands it to a model.
+def prepared_history(model: Model, messages: list[ModelMessage],
+                     parameters: ModelRequestParameters) -> list[ModelMessage]:
+    """The history as pydantic-ai's agent graph hands it to `model` (`ModelRequestNode._prepare_attempt`).
 
     The graph cleans the history (consecutive requests merged, a dangling tool call answered) and runs
-    `Model.prepare_messages` first, which renders what adapters cannot: a `RetryFeedbackPart` (every output retry
-    a durable run asks for) becomes the fenced user text providers are sent, an appending system prompt its
+    `Model.prepare_messages`, which renders what adapters cannot: a `RetryFeedbackPart` (every output retry a
+    durable run asks for) becomes the fenced user text providers are sent, an appending system prompt its
     `<pyai:context>` element. A provider's adapter refuses the raw parts with "`RetryFeedbackPart` cannot be
     rendered by this model" (only `FunctionModel` accepts them). The run's recorded history is not changed.
     """
     cleaned = _clean_message_history(list(messages), repair_last_response=True)  # pinned by tests/test_compat.py
     prepared = model.prepare_messages(cleaned, parameters)
-    if prepared is not cleaned:
-        prepared = _clean_message_history(prepared, repair_last_response=True)
-    return await model.request(prepared, settings, parameters)
+    return _clean_message_history(prepared, repair_last_response=True) if prepared is not cleaned else prepared
+
+
+async def send(model: Model, messages: list[ModelMessage], settings: ModelSettings | None,
+               parameters: ModelRequestParameters) -> ModelResponse:
+    """`model.request(...)` on the history as pydantic-ai's agent graph hands it to a model (`prepared_history`)."""
+    return await model.request(prepared_history(model, messages, parameters), settings, parameters)
 
 
 async def instrumented_request(agent: Agent[Any, Any], ctx: RunContext[Any],
@@ -557,8 +561,10 @@ async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request
         start = AttemptStart()  # pinned by tests/test_compat.py
         outcome: Exception | ModelResponse
         try:
-            outcome = response = await send(request.model, request.messages, request.model_settings,
-                                            request.model_request_parameters)
+            # As the graph: the hooks after the call see the history as the model was handed it.
+            request.messages = prepared_history(request.model, request.messages, request.model_request_parameters)
+            outcome = response = await request.model.request(request.messages, request.model_settings,
+                                                             request.model_request_parameters)
         except (ModelRetry, SkipModelRequest, RetryModelRequest):
             raise
         except Exception as e:
