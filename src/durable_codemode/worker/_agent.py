@@ -129,6 +129,8 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
 
 
 _PROBE_PROFILE = ModelProfile(supports_tools=True, supports_json_schema_output=True, supports_json_object_output=True)
+"""The profile of the `FunctionModel`s that ask pydantic-ai about the agent: one that takes every output mode, so
+the agent's own `NativeOutput` is not refused by the probe (the run's real model decides for itself)."""
 
 
 class _RawProbeModel(FunctionModel):
@@ -141,8 +143,6 @@ class _RawProbeModel(FunctionModel):
     def prepare_messages(self, messages: list[ModelMessage],
                          model_request_parameters: ModelRequestParameters | None = None) -> list[ModelMessage]:
         return messages
-"""The profile of the `FunctionModel`s that ask pydantic-ai about the agent: one that takes every output mode, so
-the agent's own `NativeOutput` is not refused by the probe (the run's real model decides for itself)."""
 
 
 class _Probed(Exception):
