@@ -846,8 +846,7 @@ class CodeModeAgent:
         `AgentRunResult` whose `output` is the decided output rebuilt as the agent's output type, whose
         `all_messages()` is the run's history and whose `usage` its usage.
         """
-        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
-                      messages=list(messages), usage=usage, prompt=_last_prompt(messages))
+        ctx = self._ending_context(override, messages, usage, deps)
         typed = _adapter(self.output_type).validate_python(output)
         result = AgentRunResult(output=typed, _state=GraphAgentState(  # pinned by tests/test_compat.py
             message_history=list(messages), usage=usage))
@@ -860,9 +859,14 @@ class CodeModeAgent:
         They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and the error
         (`run_failure`). What they raise propagates; `error` itself when none of them recovers the run.
         """
-        ctx = replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
-                      messages=list(messages), usage=usage, prompt=_last_prompt(messages))
-        return jsonable(await run_on_run_error(self.agent, ctx, error))
+        return jsonable(await run_on_run_error(self.agent, self._ending_context(override, messages, usage, deps),
+                                               error))
+
+    def _ending_context(self, override: str | None, messages: list[ModelMessage], usage: RunUsage,
+                        deps: Any) -> RunContext[Any]:
+        """The `RunContext` a run's end hooks get (`after_run`, `on_run_error`): deps, history, usage, model."""
+        return replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
+                       messages=list(messages), usage=usage, prompt=_last_prompt(messages))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
                         deps: Any = None, recorded_schema: str | None = None) -> Any:
