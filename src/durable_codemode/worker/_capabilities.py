@@ -312,19 +312,24 @@ def model_selector(agent: Agent[Any, Any]) -> ModelSelector[Any] | None:
     return contribution if _is_selector(contribution) else None  # type: ignore[return-value]
 
 
+def _has_hook(agent: Agent[Any, Any], hook: str) -> bool:
+    """Whether one of `agent`'s own capabilities acts through `hook`."""
+    return any(hook in _hooks_of(capability) for capability in extra_capabilities(agent))
+
+
 def has_prepare_tools_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` prepares its function tools (the run takes the prepared ones at its start)."""
-    return any("prepare_tools" in _hooks_of(capability) for capability in extra_capabilities(agent))
+    return _has_hook(agent, "prepare_tools")
 
 
 def has_run_error_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` has an `on_run_error` hook (run failures go through the run-error activity)."""
-    return any("on_run_error" in _hooks_of(capability) for capability in extra_capabilities(agent))
+    return _has_hook(agent, "on_run_error")
 
 
 def has_after_run_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` has an `after_run` hook (its runs' outputs go through the after-run activity)."""
-    return any("after_run" in _hooks_of(capability) for capability in extra_capabilities(agent))
+    return _has_hook(agent, "after_run")
 
 
 class _Quiet(WrapperCapability[Any]):
@@ -432,7 +437,7 @@ def probing(agent: Agent[Any, Any], *, preparing: bool = False) -> Iterator[None
 
 async def run_before_run(agent: Agent[Any, Any], ctx: RunContext[Any]) -> None:
     """Call the capabilities' `before_run` hooks once, at the start of a durable run (in describe)."""
-    if any("before_run" in _hooks_of(c) for c in extra_capabilities(agent)):
+    if _has_hook(agent, "before_run"):
         await (await _own(agent).for_run(ctx)).before_run(ctx)
 
 
@@ -558,11 +563,11 @@ async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request
         request.model_settings, request.model_request_parameters = prepared.model_settings or None, \
             prepared.model_request_parameters
         request.model_id = prepared.model_id
+        # As the graph, before the call (not one of its errors): the hooks after it see what the model was handed.
+        request.messages = prepared_history(request.model, request.messages, request.model_request_parameters)
         start = AttemptStart()  # pinned by tests/test_compat.py
         outcome: Exception | ModelResponse
         try:
-            # As the graph: the hooks after the call see the history as the model was handed it.
-            request.messages = prepared_history(request.model, request.messages, request.model_request_parameters)
             outcome = response = await request.model.request(request.messages, request.model_settings,
                                                              request.model_request_parameters)
         except (ModelRetry, SkipModelRequest, RetryModelRequest):
@@ -609,7 +614,7 @@ def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest, resolv
 
 def wraps_toolsets(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` wraps its toolsets (`SetToolMetadata`, `IncludeToolReturnSchemas`, ...)."""
-    return any("get_wrapper_toolset" in _hooks_of(capability) for capability in extra_capabilities(agent))
+    return _has_hook(agent, "get_wrapper_toolset")
 
 
 async def run_toolset(agent: Agent[Any, Any], ctx: RunContext[Any]) -> AbstractToolset[Any]:
