@@ -18,9 +18,12 @@ This module is passed through Temporal's workflow sandbox, so every workflow run
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import pydantic_monty
 from pydantic_monty._binary import find_monty_binary
@@ -28,10 +31,25 @@ from pydantic_monty._binary import find_monty_binary
 from ._errors import CodeModeUserError
 
 __all__ = [
-    "LIVE_BACKSTOP_SECONDS", "PoolSettings", "check_sandbox_binary", "configure_pool", "default_max_processes",
+    "LIVE_BACKSTOP_SECONDS",
+    "PoolSettings",
+    "check_sandbox_binary",
+    "checkout_timeout",
+    "claim_warm_session",
+    "configure_pool",
+    "default_max_processes",
+    "discard_warm_session",
     "get_compute_pool",
-    "get_pool", "hold_budget", "live_sessions", "max_sandbox_processes", "release_hold", "reserve_task_slots",
-    "shutdown_pool", "try_hold",
+    "get_pool",
+    "hold_budget",
+    "live_sessions",
+    "max_sandbox_processes",
+    "prewarm_session",
+    "release_hold",
+    "reserve_task_slots",
+    "shutdown_pool",
+    "try_hold",
+    "warm_sessions",
 ]
 
 LIVE_BACKSTOP_SECONDS = 1.2
@@ -205,6 +223,11 @@ def get_compute_pool() -> pydantic_monty.Monty:
     return _get("compute")
 
 
+def checkout_timeout() -> float:
+    """Seconds a workflow task waits for a sandbox process (`PoolSettings.checkout_timeout`, as in force)."""
+    return (_running or _settings).checkout_timeout
+
+
 def hold_budget(settings: PoolSettings) -> int:
     """Sessions the process's programs may hold while they wait on tool calls: half the pool, at least 1."""
     return max(1, settings.max_processes // 2)
@@ -237,6 +260,160 @@ def release_hold() -> None:
         _held -= 1
 
 
+WARM_UP_PROGRAM = (
+    "import asyncio, json, re, math, datetime\n"
+    "(0 + 0, 1.5 * 2, sum([1]), len('x'), abs(-1), min(1, 2), max([1]), round(1.5), sorted([2, 1]),\n"
+    " [i for i in range(2)], {'a': 1}.get('a'), list({'a': 1}.items()), ''.join([]), 'a,b'.split(','),\n"
+    " f'{1:>3}', str(1).upper(), int('1'), float('1'), [1].append, {1}.add, asyncio.gather, json.dumps([]),\n"
+    " re.match('a', 'a'), math.sqrt(4.0), datetime.datetime.now(),\n"
+    " _durable_codemode_warm_up_is_never_run())\n"
+)
+"""What warms a session's type checker: it touches the builtins and modules programs use, so the checker loads
+their stubs, and it calls an undefined name, so the checker rejects it and nothing of it runs or stays (a
+rejected snippet does not join the checker's context, and a dump of the session is the same as a cold one's)."""
+
+WARMING_THREAD = "durable-codemode-warm-session"
+"""The name of the threads that warm sessions (`prewarm_session`)."""
+
+WARM_SESSION_SECONDS = 60.0
+"""Seconds an unclaimed warm session is kept (its run may have been evicted, or is waiting on a slow model)."""
+
+
+@dataclass(eq=False)
+class _WarmSession:
+    options: dict[str, Any]
+    started: float
+    ready: threading.Event = field(default_factory=threading.Event)  # determinism: ok (decides no workflow step)
+    session: pydantic_monty.MontySession | None = None
+    abandoned: bool = False
+    """Nobody will claim it: the warming thread closes the session when it is done."""
+
+
+_warming: dict[str, _WarmSession] = {}
+_warm_claimed = 0
+
+
+def prewarm_session(key: str, options: dict[str, Any]) -> bool:
+    """Check out a live session with `options` in the background and warm its type checker; `False` if not.
+
+    A session's first type check costs ~15 ms on these machines (the checker loads the builtins' stubs), and
+    every snippet that starts a fresh REPL pays it on the workflow thread. A run asks for its next fresh session
+    while its model request is in flight, so that cost overlaps the request; `claim_warm_session(key, options)`
+    takes it. A warm session holds one of the hold budget's places (`try_hold`) until claimed or dropped; none
+    is warmed when they are all taken. Whether a session was warmed decides nothing a run records.
+    """
+    _drop_stale()
+    with _lock:
+        if key in _warming:
+            return True
+    if not try_hold():
+        return False
+    entry = _WarmSession(options=dict(options), started=time.monotonic())  # determinism: ok (expiry only)
+    with _lock:
+        _warming[key] = entry
+    # The thread decides nothing a run records: a warm session computes as a cold one.
+    warm = threading.Thread(target=_warm, args=(entry,), name=WARMING_THREAD)  # determinism: ok (see above)
+    warm.daemon = True
+    warm.start()
+    return True
+
+
+def _warm(entry: _WarmSession) -> None:
+    session: pydantic_monty.MontySession | None = None
+    try:
+        session = get_pool().checkout(**entry.options)
+        session.__enter__()
+        try:
+            session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
+        except pydantic_monty.MontyTypingError:
+            pass  # rejected, as it must be: the checker is warm and nothing ran
+        else:  # pragma: no cover - the program calls an undefined name: the checker always rejects it
+            _close_quietly(session)
+            session = None
+    except Exception:  # no process free in time, a crash: the run checks out a cold session instead
+        if session is not None:
+            _close_quietly(session)
+        session = None
+    with _lock:  # set and read under the lock, as `_drop` does: one of the two ends a dropped entry
+        entry.session = session
+        entry.ready.set()
+        abandoned = entry.abandoned
+    if abandoned:
+        _end(entry)
+
+
+def _close_quietly(session: pydantic_monty.MontySession) -> None:
+    with contextlib.suppress(Exception):  # the process is gone already (or its pool stopped): nothing to give back
+        session.__exit__(None, None, None)
+
+
+def _end(entry: _WarmSession) -> None:
+    """Close an entry's session, if it has one, and give back its hold place (once its warming is done)."""
+    with _lock:
+        session, entry.session = entry.session, None
+    if session is not None:
+        _close_quietly(session)
+    release_hold()
+
+
+def _drop(entry: _WarmSession) -> None:
+    with _lock:
+        done = entry.ready.is_set()
+        entry.abandoned = not done
+    if done:
+        _end(entry)
+
+
+def claim_warm_session(key: str, options: dict[str, Any], *, timeout: float) -> pydantic_monty.MontySession | None:
+    """The session `prewarm_session(key, options)` warmed, entered; `None` if there is none (check out cold).
+
+    Waits up to `timeout` for one still warming. A session warmed with other options (the run's spec changed
+    under it, which a new worker version may do) is closed, never handed out.
+    """
+    global _warm_claimed
+    with _lock:
+        entry = _warming.pop(key, None)
+    if entry is None:
+        return None
+    if not entry.ready.wait(timeout) or entry.options != options:
+        _drop(entry)
+        return None
+    with _lock:
+        session, entry.session = entry.session, None
+        if session is not None:
+            _warm_claimed += 1
+    release_hold()
+    return session
+
+
+def discard_warm_session(key: str) -> None:
+    """Drop the session warmed for `key`, if any (its run ended, or its next snippet loads a REPL)."""
+    with _lock:
+        entry = _warming.pop(key, None)
+    if entry is not None:
+        _drop(entry)
+
+
+def _drop_stale() -> None:
+    now = time.monotonic()  # determinism: ok (expiry of sessions no run claimed)
+    with _lock:
+        stale = [k for k, e in _warming.items() if now - e.started > WARM_SESSION_SECONDS]
+        entries = [_warming.pop(k) for k in stale]
+    for entry in entries:
+        _drop(entry)
+
+
+def warm_sessions() -> tuple[int, int]:
+    """Sessions warming or warm and not yet claimed, and warm sessions claimed so far: for tests and metrics."""
+    with _lock:
+        return len(_warming), _warm_claimed
+
+
+def held_sessions() -> int:
+    """Places of the hold budget taken now (held by waiting programs, or warm sessions): for tests and metrics."""
+    return _held
+
+
 def live_sessions() -> int:
     """Sessions currently checked out of the pool (a run's live REPL each): for tests and metrics."""
     return _live
@@ -266,6 +443,7 @@ def close_if_idle(uses_then: int) -> bool:
     The worker calls this periodically (`PoolSettings.idle_shutdown_seconds`); the next `get_pool()` starts the
     pools again, with the settings in force. Returns whether any pool was stopped.
     """
+    _drop_stale()
     with _lock:
         if _uses != uses_then or _live or _held or not _pools:
             return False
@@ -279,6 +457,11 @@ def close_if_idle(uses_then: int) -> bool:
 def shutdown_pool() -> None:
     """Stop every sandbox process of every pool; the next `get_pool()` starts new pools."""
     global _running
+    with _lock:
+        warm = list(_warming.values())
+        _warming.clear()
+    for entry in warm:
+        _drop(entry)
     with _lock:
         pools = list(_pools.values())
         _pools.clear()

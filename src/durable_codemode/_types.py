@@ -288,6 +288,10 @@ class AgentSpec:
     activity's type and id) and its summary leaves out the call id (already the activity id's start): ~50 bytes of
     history less per call (every run started now). A run recorded before the field read `False` and replays as it
     ran, sending `tool` and `call_id` too."""
+    seeds_before_model_request: bool = False
+    """Whether the seed of a snippet's sandbox session is drawn before the model request that brings the snippet,
+    not when it starts, so a fresh session can be warmed while the request is in flight (`Repl.reserve_session`;
+    every run started now). A run recorded before the field read `False` and draws it as it ran."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""

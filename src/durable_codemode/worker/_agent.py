@@ -611,7 +611,7 @@ class CodeModeAgent:
             env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
             sandbox_guards=True,
             compute_escalation=True,
-            records_type_check_rejections=True,
+            records_type_check_rejections=True, seeds_before_model_request=self.code_mode,
             model_request_hooks=self._model_hooked, counts_failed_attempts=True,
             after_run_hooks=self._after_run_hooked, run_error_hooks=self._run_error_hooked,
             signed_approvals=authority is not None and not authority.unsigned,

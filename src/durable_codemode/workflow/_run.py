@@ -318,6 +318,7 @@ class CodeModeRunWorkflow:
             return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
                                             run_index=cont.runs)
         finally:
+            repl.release_reservation()
             repl.close()
 
     @staticmethod
@@ -375,6 +376,8 @@ class CodeModeRunWorkflow:
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
+            if spec.seeds_before_model_request:
+                repl.reserve_session()
             hooked = spec.model_request_hooks  # recorded: runs from before hooks applied keep their bare responses
             answer = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,

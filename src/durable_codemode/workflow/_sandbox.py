@@ -207,30 +207,40 @@ class Repl:
         self._task_queue = workflow.info().task_queue
         self._snippets = 0
         """Snippets this workflow run has fed (compute markers are keyed by it)."""
+        self._reserved: tuple[int, str] | None = None
+        """The next snippet's seed, drawn before the model request, and the key of its warm session."""
 
-    def _checkout(self, *, seed: int | None = None) -> pydantic_monty.MontySession:
+    def _checkout_options(self, seed: int, *, replaying: bool) -> dict[str, Any]:
+        """What `Monty.checkout` is given for a session of this run (`seed` seeds its `random`)."""
+        return {
+            "script_name": "snippet.py",
+            "limits": monty_limits(self._spec.limits, escalating=self._spec.compute_escalation, replaying=replaying),
+            "os_policy": {"datetime": "call_host", "sleep": "call_host", "random_start": {"seed": seed}},
+            "type_check": True,
+            "type_check_stubs": (TYPE_CHECK_PRELUDE + self._spec.stubs
+                                 + (FILES_PRELUDE if self.files is not None else "")
+                                 + (CATALOG_PRELUDE if self._spec.catalog else "")),
+            "type_check_format": "concise",
+        }
+
+    def _checkout(self, *, seed: int | None = None, warm_key: str | None = None) -> pydantic_monty.MontySession:
         """A fresh session from the pool; `seed` seeds its `random` (default: drawn from `workflow.random()`).
 
         A session that only loads a suspended program gets a fixed seed: the dump brings its own `random` state,
         and drawing would change the `workflow.random()` stream (and so `os.urandom`) of runs recorded before
-        programs were released while they wait.
+        programs were released while they wait. `warm_key`: the session warmed for this snippet, if there is
+        one (`reserve_session`), is taken instead of a cold one.
         """
         # A replayed task gets a process without the live backstop: what it re-runs, the live run finished in
         # workflow code, and its outcome must not depend on how fast this machine is (see `_pool`).
         replaying = _replaying()
-        session = _pool.get_pool(replaying=replaying).checkout(
-            script_name="snippet.py",
-            limits=monty_limits(self._spec.limits, escalating=self._spec.compute_escalation, replaying=replaying),
-            os_policy={
-                "datetime": "call_host",
-                "sleep": "call_host",
-                "random_start": {"seed": workflow.random().getrandbits(63) if seed is None else seed},
-            },
-            type_check=True,
-            type_check_stubs=(TYPE_CHECK_PRELUDE + self._spec.stubs + (FILES_PRELUDE if self.files is not None else "")
-                              + (CATALOG_PRELUDE if self._spec.catalog else "")),
-            type_check_format="concise",
-        )
+        options = self._checkout_options(workflow.random().getrandbits(63) if seed is None else seed,
+                                         replaying=replaying)
+        if warm_key is not None and not replaying:
+            warm = _pool.claim_warm_session(warm_key, options, timeout=_pool.checkout_timeout())
+            if warm is not None:
+                return self._opened(warm)
+        session = _pool.get_pool(replaying=replaying).checkout(**options)
         try:
             session.__enter__()
         except TimeoutError as e:
@@ -239,9 +249,37 @@ class Repl:
                 "code-mode workers have more workflow task slots than its pool has processes: give them fewer "
                 "max_concurrent_workflow_tasks, or the pool more PoolSettings.max_processes."
             ) from e
+        return self._opened(session)
+
+    def _opened(self, session: pydantic_monty.MontySession) -> pydantic_monty.MontySession:
         _pool.note_checkout(+1)
         _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
+
+    def reserve_session(self) -> None:
+        """Before a model request: draw the next snippet's seed now, and (live) warm a fresh session with it.
+
+        A session's first type check costs ~15 ms (`_pool.prewarm_session`); drawn here, the seed is known while
+        the request is in flight, so a fresh session for the snippet it may bring can be warmed meanwhile. Runs
+        that record `AgentSpec.seeds_before_model_request` draw it here, whether a session is warmed or not (and
+        a replay warms none): the same draws, live and on replay. A reservation not yet taken stands.
+        """
+        if self._reserved is not None:
+            return
+        key = f"{workflow.info().run_id}/{self._snippets}"
+        self._reserved = (workflow.random().getrandbits(63), key)
+        if not _replaying() and self._idle_state is None and self._session is None:
+            _pool.prewarm_session(key, self._checkout_options(self._reserved[0], replaying=False))
+
+    def take_reserved_seed(self) -> tuple[int, str] | None:
+        """The seed `reserve_session` drew for this snippet, with its warm session's key; `None` if none was."""
+        reserved, self._reserved = self._reserved, None
+        return reserved
+
+    def release_reservation(self) -> None:
+        """The run ends: drop the session warmed for a snippet that will not come."""
+        if self._reserved is not None:
+            _pool.discard_warm_session(self._reserved[1])
 
     @property
     def catalog(self) -> CatalogIndex | None:
@@ -336,9 +374,16 @@ class Repl:
         self.close()
         self._idle_state = state
 
-    def open_session(self, seed: int) -> tuple[pydantic_monty.MontySession, str | None]:
-        """Check out a session for a snippet's start, with the REPL loaded; and why the REPL was lost, if it was."""
-        self._session = self._checkout(seed=seed)
+    def open_session(self, seed: int, warm_key: str | None = None) -> tuple[pydantic_monty.MontySession, str | None]:
+        """Check out a session for a snippet's start, with the REPL loaded; and why the REPL was lost, if it was.
+
+        `warm_key`: a fresh REPL takes the session warmed for it, if there is one; one that loads a dump drops it
+        (a dump loads only into a session nothing was fed).
+        """
+        if warm_key is not None and self._idle_state is not None:
+            _pool.discard_warm_session(warm_key)
+            warm_key = None
+        self._session = self._checkout(seed=seed, warm_key=warm_key)
         state, self._idle_state = self._idle_state, None
         if state is None:
             return self._session, None
@@ -587,12 +632,14 @@ class _SnippetDriver:
 
     async def _first_stretch(self) -> Any:
         """Stretch 0: check out a session, load the REPL, start the snippet."""
-        seed = workflow.random().getrandbits(63)  # drawn first, always: the same draws live and on replay
+        reserved = self._repl.take_reserved_seed()  # drawn before the model request (`Repl.reserve_session`)
+        # Else drawn first, always: the same draws live and on replay.
+        seed, warm_key = reserved if reserved is not None else (workflow.random().getrandbits(63), None)
         # Asked before the compute marker: live, a rejection is recorded while the stretch runs, before it.
         self._rejected_on_replay = self._replayed_rejection()
         self._start_state = self._repl.idle_dump
         if not self._escalating:
-            session, self.lost_note = self._repl.open_session(seed)
+            session, self.lost_note = self._repl.open_session(seed, warm_key)
             return self._feed(session)
         self._base = _Base("feed", self._start_state, printed="")
         if _replaying() and workflow.patched(self._marker(0)):
@@ -600,7 +647,7 @@ class _SnippetDriver:
         base = self._base
 
         def start() -> Any:
-            session, self.lost_note = self._repl.open_session(seed)
+            session, self.lost_note = self._repl.open_session(seed, warm_key)
             if self.lost_note is not None:
                 self._start_state = base.state = None
             return self._feed(session)
