@@ -27,7 +27,6 @@ one was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -333,9 +332,7 @@ class Repl:
         if session is not None:
             _pool.note_checkout(-1)
             _open_repls.get(self._task_queue, set()).discard(self)
-            # The process may already be gone (crash, time limit); the pool replaces it.
-            with contextlib.suppress(MontyError):
-                session.__exit__(None, None, None)
+            _pool.give_back(session)  # ended off the workflow thread; a process already gone is replaced
 
     async def run(self, code: str, *, run_code_id: str, restart: bool) -> SnippetOutcome:
         """Feed one snippet and drive it to completion; never raises a `MontyError`."""
