@@ -19,3 +19,11 @@ def test_history_bytes_breaks_a_call_down() -> None:
     out = run_bench("history_bytes.py", "--n", "5")
     assert "gather-5: bytes per nested call" in out and "sequential-5: bytes per nested call" in out, out
     assert "run result | CallRecord JSON" in out and "scheduled | input: data" in out, out
+
+
+@pytest.mark.timeout(150)
+def test_snippet_costs_prints_a_row_per_program() -> None:
+    out = run_bench("snippet_costs.py", "--reps", "1")
+    assert "first check, cold" in out and "first check, warmed" in out, out
+    for program in ("gather-20", "sequential-20", "rows (sort, json, re)"):
+        assert f"\n{program} " in out, out

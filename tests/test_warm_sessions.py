@@ -84,3 +84,12 @@ async def test_a_session_warmed_for_a_snippet_that_never_comes_is_given_back(cli
     _warming_threads_done()
     assert _pool.warm_sessions() == (0, claimed_before)
     assert _pool.held_sessions() == 0  # the hold place the warm session took is free again
+
+
+async def test_the_sessions_a_run_gives_back_all_end(client: Client) -> None:
+    # Sessions are ended off the workflow thread (`_pool.give_back`); none may be left hanging, or the pool
+    # would never shut down when idle (`close_if_idle` waits for them).
+    result = await _run(client, RunCode("x = await get(i=3)"), RunCode("x * 2"), lambda m: repr(last_result(m)))
+    assert eval(result.output)["result"] == 60
+    assert _pool.wait_given_back(timeout=10)
+    assert _pool.live_sessions() == 0
