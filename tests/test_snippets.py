@@ -329,17 +329,33 @@ async def test_tool_metadata_keeps_a_tool_native(client: Client) -> None:
     assert [c.tool for c in result.nested_calls] == ["pong"]
 
 
-async def test_no_sandbox_process_is_held_while_the_model_thinks(client: Client) -> None:
-    from durable_codemode._pool import live_sessions
+async def test_a_run_keeps_its_process_while_the_model_thinks_only_within_the_hold_budget(client: Client) -> None:
+    from durable_codemode import _pool
 
-    held: list[int] = []
+    seen: list[tuple[int, int]] = []
 
     def second_turn(messages: Any) -> RunCode:
-        held.append(live_sessions())  # the model activity runs in this process while the run waits for it
-        return RunCode("x + 1")  # the REPL's state survives the release
+        # The model activity runs in this process while the run waits for it.
+        seen.append((_pool.live_sessions(), _pool.held_sessions()))
+        return RunCode("x + 1")  # the REPL's state survives, kept or released
 
+    # A place of the hold budget is free: the run keeps its session, and the next snippet is fed to it.
     result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
-    assert held == [0]
+    assert seen == [(1, 1)]
+    assert eval(result.output) == {"result": 41}
+    assert (_pool.live_sessions(), _pool.held_sessions()) == (0, 0)  # given back when the run ended
+
+    # Every place taken (by other runs' waits): the REPL waits as a dump, and no process is held.
+    budget = 0
+    while _pool.try_hold():
+        budget += 1
+    try:
+        seen.clear()
+        result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
+    finally:
+        for _ in range(budget):
+            _pool.release_hold()
+    assert budget > 0 and seen == [(0, budget)]
     assert eval(result.output) == {"result": 41}
 
 

@@ -35,7 +35,6 @@ __all__ = [
     "LIVE_BACKSTOP_SECONDS",
     "PoolSettings",
     "check_sandbox_binary",
-    "checkout_timeout",
     "claim_warm_session",
     "configure_pool",
     "default_max_processes",
@@ -227,11 +226,6 @@ def get_compute_pool() -> pydantic_monty.Monty:
     return _get("compute")
 
 
-def checkout_timeout() -> float:
-    """Seconds a workflow task waits for a sandbox process (`PoolSettings.checkout_timeout`, as in force)."""
-    return (_running or _settings).checkout_timeout
-
-
 def hold_budget(settings: PoolSettings) -> int:
     """Sessions the process's programs may hold while they wait on tool calls: half the pool, at least 1."""
     return max(1, settings.max_processes // 2)
@@ -278,6 +272,9 @@ and saved ~1 ms of a program's check that uses them, while a fast model's reques
 WARMING_THREAD = "durable-codemode-warm-session"
 """The name of the threads that warm sessions (`prewarm_session`)."""
 
+WARM_UP_WAIT_SECONDS = 0.25
+"""Seconds a snippet waits for its session's warm-up to finish (~15 ms on these machines; more under load)."""
+
 WARM_SESSION_SECONDS = 60.0
 """Seconds an unclaimed warm session is kept (its run may have been evicted, or is waiting on a slow model)."""
 
@@ -287,6 +284,9 @@ class _WarmSession:
     options: dict[str, Any]
     started: float
     ready: threading.Event = field(default_factory=threading.Event)  # determinism: ok (decides no workflow step)
+    """Set when the warming is done (with a session, or without one)."""
+    has_process: bool = False
+    """The session got its process: what is left is the warm-up program itself."""
     session: pydantic_monty.MontySession | None = None
     abandoned: bool = False
     """Nobody will claim it: the warming thread closes the session when it is done."""
@@ -326,6 +326,7 @@ def _warm(entry: _WarmSession) -> None:
     try:
         session = get_pool().checkout(**entry.options)
         session.__enter__()
+        entry.has_process = True
         try:
             session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
         except pydantic_monty.MontyTypingError:
@@ -370,15 +371,17 @@ def _drop(entry: _WarmSession) -> None:
 def claim_warm_session(key: str, options: dict[str, Any], *, timeout: float) -> pydantic_monty.MontySession | None:
     """The session `prewarm_session(key, options)` warmed, entered; `None` if there is none (check out cold).
 
-    Waits up to `timeout` for one still warming. A session warmed with other options (the run's spec changed
-    under it, which a new worker version may do) is closed, never handed out.
+    Waits up to `timeout` for one still running its warm-up, never for one still waiting for a process: then the
+    workflow task checks out cold at once, as it would have, and never waits for two checkouts. A session warmed
+    with other options (the run's spec changed under it, which a new worker version may do) is closed, never
+    handed out.
     """
     global _warm_claimed
     with _lock:
         entry = _warming.pop(key, None)
     if entry is None:
         return None
-    if not entry.ready.wait(timeout) or entry.options != options:
+    if not entry.has_process or not entry.ready.wait(timeout) or entry.options != options:
         _drop(entry)
         return None
     with _lock:

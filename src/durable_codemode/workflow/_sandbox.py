@@ -206,6 +206,8 @@ class Repl:
         self._task_queue = workflow.info().task_queue
         self._snippets = 0
         """Snippets this workflow run has fed (compute markers are keyed by it)."""
+        self._kept = False
+        """The session stayed checked out after the last snippet (`run`), on one of the hold budget's places."""
         self._reserved: tuple[int, str] | None = None
         """The next snippet's seed, drawn before the model request, and the key of its warm session."""
 
@@ -236,7 +238,7 @@ class Repl:
         options = self._checkout_options(workflow.random().getrandbits(63) if seed is None else seed,
                                          replaying=replaying)
         if warm_key is not None and not replaying:
-            warm = _pool.claim_warm_session(warm_key, options, timeout=_pool.checkout_timeout())
+            warm = _pool.claim_warm_session(warm_key, options, timeout=_pool.WARM_UP_WAIT_SECONDS)
             if warm is not None:
                 return self._opened(warm)
         session = _pool.get_pool(replaying=replaying).checkout(**options)
@@ -329,6 +331,9 @@ class Repl:
     def close(self) -> None:
         """Return the sandbox process to the pool; the REPL's state is gone."""
         session, self._session = self._session, None
+        if self._kept:
+            self._kept = False
+            _pool.release_hold()
         if session is not None:
             _pool.note_checkout(-1)
             _open_repls.get(self._task_queue, set()).discard(self)
@@ -356,15 +361,32 @@ class Repl:
             self.close()
             self.lenient_names = False
         elif self._session is not None:
-            # Between snippets the run waits on the model (seconds with a real one): keep the REPL as a dump in
-            # workflow memory and give the process back. Holding it made a burst of 1,000 approvals fail 2,732
+            # Between snippets the run waits on the model (seconds with a real one): the REPL is kept as a dump in
+            # workflow memory, and the process is given back, unless one of the hold budget's places is free: then
+            # the run keeps it, and its next snippet is fed to it without a load or the ~15 ms of a fresh
+            # session's first type check. Holding without a budget made a burst of 1,000 approvals fail 2,732
             # workflow tasks with SandboxUnavailableError on a 4-process pool.
             try:
                 self._idle_state = self._session.dump()
             except MontyError:
                 self._idle_state = None  # the process died after the snippet: the next one starts fresh
-            self.close()
+                self.close()
+                return outcome
+            if self._may_keep_between_snippets() and _pool.try_hold():
+                self._kept = True
+            else:
+                self.close()
         return outcome
+
+    def _may_keep_between_snippets(self) -> bool:
+        """Whether the session may stay checked out while the run waits on its model (see `run`).
+
+        Live only, in runs with compute escalation: the dump taken at the snippet's end stays the REPL of record
+        (a continue-as-new carries it, the compute activity computes from it), and the kept session is the same
+        REPL, so feeding it the next snippet computes what loading the dump would. A replay loads dumps as it
+        always did (a session checked out by a replay has no live backstop, and must not go on live).
+        """
+        return self._spec.compute_escalation and not _replaying()
 
     def adopt(self, state: bytes | None) -> None:
         """Make `state` (a REPL dump between snippets, or `None`: fresh) the REPL; no process is held."""
@@ -380,6 +402,11 @@ class Repl:
         if warm_key is not None and self._idle_state is not None:
             _pool.discard_warm_session(warm_key)
             warm_key = None
+        if self._kept and self._session is not None:  # the REPL's own session, kept since its last snippet
+            self._kept = False
+            _pool.release_hold()  # now this workflow task's session, as a checkout would be
+            self._idle_state = None
+            return self._session, None
         self._session = self._checkout(seed=seed, warm_key=warm_key)
         state, self._idle_state = self._idle_state, None
         if state is None:
