@@ -27,3 +27,9 @@ def test_snippet_costs_prints_a_row_per_program() -> None:
     assert "first check, cold" in out and "first check, warmed" in out, out
     for program in ("gather-20", "sequential-20", "rows (sort, json, re)"):
         assert f"\n{program} " in out, out
+
+
+@pytest.mark.timeout(150)
+def test_between_snippets_compares_kept_and_released() -> None:
+    out = run_bench("between_snippets.py", "--snippets", "2", "--reps", "1")
+    assert "wall kept" in out and "starting released" in out and "every history replayed" in out, out

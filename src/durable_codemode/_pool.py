@@ -74,8 +74,10 @@ class PoolSettings:
       dump and load for small state, a few ms per MB);
     - so the pool bounds the workflow tasks computing at once, never the runs in flight: 50 runs with live
       programs on a 4-process pool all complete; they queue for workflow task slots, which Temporal hands out;
-    - a program waiting on plain tool calls may keep its process instead (`try_hold`), for up to half as many
-      runs again, in processes beyond `max_processes`: a wait then costs no dump and load.
+    - a program waiting on plain tool calls, or a run waiting on its model between snippets, may keep its
+      process instead (`try_hold`), and a fresh snippet's session may be warmed while its model request is in
+      flight (`prewarm_session`), for up to half as many runs again, in processes beyond `max_processes`: a
+      wait then costs no dump and load (and a next snippet no fresh session's first type check).
 
     The default is 4 per usable CPU, from 4 to 32: a workflow task slot is also held while its completion
     travels to the server, so a few per core keep the CPUs busy. Measured on 2 CPUs (`bench/throughput.py`, 50

@@ -18,7 +18,9 @@ see `_SnippetDriver`): a replay reads it and never times anything. (Runs recorde
 A run holds a sandbox process only while its program computes, within one activation: whenever the program waits on
 Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back to the pool,
 and the next activation loads it into whichever process is free. (A program waiting on plain tool calls may keep
-its process instead, within the pool's hold budget, live and in replays: `_pool.try_hold`.) So the pool bounds the
+its process instead, within the pool's hold budget, live and in replays: `_pool.try_hold`; so may a live run
+waiting on its model between snippets, and a fresh snippet may take a session warmed meanwhile: `Repl.run`,
+`Repl.reserve_session`.) So the pool bounds the
 workflow tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process
 across the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until
 one was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
@@ -200,7 +202,8 @@ class Repl:
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
         self._catalog: CatalogIndex | None = None
         self._idle_state: bytes | None = None
-        """The REPL between snippets, dumped while the run waits on the model."""
+        """The REPL between snippets, dumped while the run waits on the model (the REPL of record, even while the
+        session is kept: `run`)."""
         self.lenient_names = False
         """A snippet ran unchecked, so the type checker no longer knows every name (see `_real_type_errors`)."""
         self._task_queue = workflow.info().task_queue
