@@ -326,6 +326,8 @@ def prewarm_session(key: str, options: dict[str, Any]) -> bool:
 def _warm(entry: _WarmSession) -> None:
     session: pydantic_monty.MontySession | None = None
     try:
+        if entry.abandoned:  # dropped before it started (the pool is shutting down): start no pool again
+            raise LookupError("dropped")
         session = get_pool().checkout(**entry.options)
         session.__enter__()
         entry.has_process = True

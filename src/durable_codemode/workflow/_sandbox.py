@@ -284,6 +284,7 @@ class Repl:
         """The run ends: drop the session warmed for a snippet that will not come."""
         if self._reserved is not None:
             _pool.discard_warm_session(self._reserved[1])
+            self._reserved = None
 
     @property
     def catalog(self) -> CatalogIndex | None:
