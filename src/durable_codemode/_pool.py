@@ -324,30 +324,33 @@ def prewarm_session(key: str, options: dict[str, Any]) -> bool:
 
 
 def _warm(entry: _WarmSession) -> None:
-    session: pydantic_monty.MontySession | None = None
-    try:
-        if entry.abandoned:  # dropped before it started (the pool is shutting down): start no pool again
-            raise LookupError("dropped")
-        session = get_pool().checkout(**entry.options)
-        session.__enter__()
-        entry.has_process = True
-        try:
-            session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
-        except pydantic_monty.MontyTypingError:
-            pass  # rejected, as it must be: the checker is warm and nothing ran
-        else:  # pragma: no cover - the program calls an undefined name: the checker always rejects it
-            _close_quietly(session)
-            session = None
-    except Exception:  # no process free in time, a crash: the run checks out a cold session instead
-        if session is not None:
-            _close_quietly(session)
-        session = None
+    # Dropped before it started (the pool is shutting down): it starts no pool again.
+    session = None if entry.abandoned else _warmed(entry)
     with _lock:  # set and read under the lock, as `_drop` does: one of the two ends a dropped entry
         entry.session = session
         entry.ready.set()
         abandoned = entry.abandoned
     if abandoned:
         _end(entry)
+
+
+def _warmed(entry: _WarmSession) -> pydantic_monty.MontySession | None:
+    """A session checked out with the entry's options, its checker warmed; `None` if none could be."""
+    session: pydantic_monty.MontySession | None = None
+    try:
+        session = get_pool().checkout(**entry.options)
+        session.__enter__()
+        entry.has_process = True
+        session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
+    except pydantic_monty.MontyTypingError:
+        return session  # rejected, as it must be: the checker is warm and nothing ran
+    except Exception:  # no process free in time, a crash: the run checks out a cold session instead
+        if session is not None:
+            _close_quietly(session)
+        return None
+    # pragma: no cover - the program calls an undefined name, so the checker always rejects it: here it ran
+    _close_quietly(session)
+    return None
 
 
 def _close_quietly(session: pydantic_monty.MontySession) -> None:
