@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["answer_text", "bounded_result", "jsonable", "preview"]
+__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "jsonable", "one_line", "preview"]
 
 
 def jsonable(value: Any) -> Any:
@@ -89,8 +89,21 @@ def answer_text(output: Any) -> str:
     return output if isinstance(output, str) else json.dumps(jsonable(output), ensure_ascii=False)
 
 
-def preview(value: Any, limit: int = 200) -> str:
+PREVIEW_CHARS = 200
+"""How long a preview is by default (a call record's arguments and result)."""
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     """A one-line preview of `value` for summaries and trees."""
+    return clip(one_line(value), limit)
+
+
+def one_line(value: Any) -> str:
+    """`value` as one line of text (JSON unless it is a string), whole: `clip` it to a preview's length."""
     text = value if isinstance(value, str) else json.dumps(jsonable(value), ensure_ascii=False, default=repr)
-    text = " ".join(text.split())
+    return " ".join(text.split())
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, an ellipsis last if it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"

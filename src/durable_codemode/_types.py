@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
@@ -295,7 +296,13 @@ class AgentSpec:
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
-        return next((t for t in self.tools if t.name == name), None)
+        return self._tools_by_name.get(name)
+
+    @cached_property
+    def _tools_by_name(self) -> dict[str, ToolSpec]:
+        # Looked up on every tool call, and a large catalog has thousands of tools. Not a field: never serialized,
+        # and a recorded spec is never changed in place (a changed one is a new `AgentSpec`).
+        return {t.name: t for t in self.tools}
 
 
 @pydantic_dataclass(kw_only=True)

@@ -64,7 +64,7 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         tool_activity_id,
     )
-    from .._results import preview
+    from .._results import PREVIEW_CHARS, clip, one_line, preview
     from .._signing import ApproverKeyring
     from .._types import (
         AfterRunInput,
@@ -611,8 +611,9 @@ class CodeModeRunWorkflow:
         assert self._spec is not None
         spec = self._spec.tool(tool)
         assert spec is not None, f"tool {tool!r} is not in the recorded spec"
-        projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
-        self._check_usage(lambda u: u.check_before_tool_call(projected))
+        if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
+            projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
+            self._check_usage(lambda u: u.check_before_tool_call(projected))
         self._usage.tool_calls += 1
         wait = None
         if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
@@ -649,7 +650,8 @@ class CodeModeRunWorkflow:
         }
         if spec.heartbeat_timeout is not None and not spec.local:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
-        label = f"{tool}({preview(args, 120)[1:-1] if args else ''})"
+        args_text = one_line(args)  # once per call: the summary's preview and the record's
+        label = f"{tool}({clip(args_text, 120)[1:-1] if args else ''})"
         if self._spec.compact_tool_calls:  # the tool and call id are in the activity's type and id already
             options["summary"] = label
             payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
@@ -669,7 +671,7 @@ class CodeModeRunWorkflow:
                     settled = {"return_value": answer.value}
                 else:
                     settled, status = _raised(answer.error_type, answer.message or ""), "error"
-                return settled, self._record(call_id, tool, args, settled, status, started)
+                return settled, self._record(call_id, tool, args_text, settled, status, started)
         try:
             if spec.local:
                 value = await workflow.execute_local_activity(spec.activity_type, payload, **options)
@@ -680,14 +682,14 @@ class CodeModeRunWorkflow:
             settled, status = _tool_error(tool, e), "error"
         except asyncio.CancelledError:
             raise
-        return settled, self._record(call_id, tool, args, settled, status, started)
+        return settled, self._record(call_id, tool, args_text, settled, status, started)
 
     @staticmethod
-    def _record(call_id: str, tool: str, args: dict[str, Any], settled: Settled, status: Any,
+    def _record(call_id: str, tool: str, args_text: str, settled: Settled, status: Any,
                 started: datetime) -> CallRecord:
         result = preview(settled.get("return_value")) if status == "ok" else (
             f"{settled['exc_type']}: {settled.get('message', '')}")
-        return CallRecord(call_id=call_id, tool=tool, args=preview(args), status=status, result=result,
+        return CallRecord(call_id=call_id, tool=tool, args=clip(args_text, PREVIEW_CHARS), status=status, result=result,
                           started_at=started, finished_at=workflow.now())
 
     async def _seal(self, request: SealRequest) -> SealResult:

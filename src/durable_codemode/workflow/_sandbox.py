@@ -32,7 +32,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
 import pydantic_monty
@@ -448,6 +448,25 @@ class _Completed:
     state: bytes | None
 
 
+@dataclass(slots=True)
+class _InFlight:
+    """A tool call the program started and has not had the answer of; its record is made only if it never does.
+
+    (Every call has one while it runs; a `CallRecord` and the preview of its arguments per call cost more than the
+    call's own bookkeeping in a replay of a 200-call gather.)
+    """
+
+    call_id: str
+    tool: str
+    args: dict[str, Any]
+    started_at: datetime
+
+    def cancelled(self) -> CallRecord:
+        return CallRecord(call_id=self.call_id, tool=self.tool, args=preview(self.args), status="cancelled",
+                          result="the program ended before this call finished; the tool may still have run",
+                          started_at=self.started_at, finished_at=self.started_at)
+
+
 @dataclass
 class _Base:
     """Where the compute activity would start a stretch from: a dump, and the answers given since."""
@@ -513,7 +532,7 @@ class _SnippetDriver:
         self._snippet = snippet
         self._escalating = spec.compute_escalation
         self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
-        self._started: dict[int, CallRecord] = {}
+        self._started: dict[int, _InFlight] = {}
         """Tool calls in flight, by Monty call id: what their record says if the program ends before they do."""
         self._calls: list[CallRecord] = []
         self._n = 0
@@ -952,11 +971,7 @@ class _SnippetDriver:
         site = CallSite(code=self._code, line=self._code.count("\n", 0, max(0, snap.position.start)) + 1)
         future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id, site))
         self._pending[snap.call_id] = future  # type: ignore[assignment]
-        now = workflow.now()
-        self._started[snap.call_id] = CallRecord(
-            call_id=call_id, tool=name, args=preview(kwargs), status="cancelled",
-            result="the program ended before this call finished; the tool may still have run",
-            started_at=now, finished_at=now)
+        self._started[snap.call_id] = _InFlight(call_id, name, kwargs, workflow.now())
         return snap, {"future": ...}
 
     async def _answer_os_call(self, snap: FunctionSnapshot) -> tuple[Any, Any]:
@@ -1059,7 +1074,8 @@ class _SnippetDriver:
         # Calls still running when the program ends (e.g. a gather that raised) are cancelled, and recorded
         # as such; then the records are put in call order (they were appended in completion order).
         for i, future in self._pending.items():
-            record = self._started.pop(i, None)
+            started = self._started.pop(i, None)
+            record = started.cancelled() if started is not None else None
             if future.done() and not future.cancelled():
                 record = future.result()[1] or record
             else:
