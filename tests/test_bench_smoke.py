@@ -33,3 +33,13 @@ def test_snippet_costs_prints_a_row_per_program() -> None:
 def test_between_snippets_compares_kept_and_released() -> None:
     out = run_bench("between_snippets.py", "--snippets", "2", "--reps", "1")
     assert "wall kept" in out and "starting released" in out and "every history replayed" in out, out
+
+
+@pytest.mark.timeout(150)
+def test_replay_costs_times_each_part_of_a_replay() -> None:
+    out = run_bench("replay_costs.py", "--n", "5", "--reps", "1")
+    assert "cm: Monty round trips" in out and "activations floor" in out, out
+    for scenario in ("gather-5", "sequential-5"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{scenario} "))
+        # The sandbox's round trips were timed: a code-mode replay runs the program again.
+        assert float(row.split("|")[6].strip().removesuffix(" ms")) > 0, row
