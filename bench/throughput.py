@@ -74,6 +74,9 @@ class Batch:
     load_avg: list[float] = field(default_factory=list)
     """1, 5 and 15 minute load averages when the batch ended."""
     replayed: int = 0
+    cpu_ms_per_run: dict[str, float] = field(default_factory=dict)
+    """CPU time per run over the batch, by process: `bench` (this one: both workers, the client, the benchmark),
+    `server` (the dev server) and `monty` (this process's sandbox processes; one that exited meanwhile is missed)."""
 
     @property
     def runs_per_s(self) -> float:
@@ -113,6 +116,48 @@ class Sampler:
             await self._task
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0 once it has exited), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)", which may hold spaces
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
+class CpuMeter:
+    """CPU time used during a batch by this process, the dev server and the sandbox processes."""
+
+    def __init__(self) -> None:
+        self._server = child_processes(b"start-dev")
+        self._bench, self._server_s = self._own(), sum(cpu_s(p) for p in self._server)
+        self._monty = {p: cpu_s(p) for p in child_processes(b"monty")}
+
+    @staticmethod
+    def _own() -> float:
+        me = os.times()
+        return me.user + me.system
+
+    def per_run(self, runs: int) -> dict[str, float]:
+        """CPU ms per run since this meter started, by process kind.
+
+        A sandbox process started during the batch counts from 0; one that exited before the end is missed (the
+        pool keeps its processes, so this is rare).
+        """
+        monty = 0.0
+        for pid in {*self._monty, *child_processes(b"monty")}:
+            now = cpu_s(pid)
+            if now > 0:
+                monty += now - self._monty.get(pid, 0.0)
+        used = {"bench": self._own() - self._bench, "server": sum(cpu_s(p) for p in self._server) - self._server_s,
+                "monty": monty}
+        return {k: round(v * 1000 / runs, 1) for k, v in used.items()}
+
+
 async def task_trouble(handle: WorkflowHandle[Any, Any]) -> tuple[int, int]:
     """Workflow tasks of the run that failed, and that timed out (a sticky queue's schedule-to-start included)."""
     history = await handle.fetch_history()
@@ -142,6 +187,8 @@ async def batch(client: Client, side: str, mode: Kind, rep: int, args: argparse.
     expected = sum(range(calls))
     tag = uuid.uuid4().hex[:8]
 
+    assert mode != "batched", "the throughput bench runs sequential and gathered programs only (--mode)"
+
     async def start(i: int) -> WorkflowHandle[Any, Any]:
         if side == "codemode":
             return await start_run(client, f"bench-{mode}-{calls}", "go", task_queue=CM_QUEUE,
@@ -155,10 +202,12 @@ async def batch(client: Client, side: str, mode: Kind, rep: int, args: argparse.
         return bool(result == expected)
 
     async with Sampler() as sampler:
+        cpu = CpuMeter()
         t0 = time.perf_counter()
         handles = await gather_bounded(START_CONCURRENCY, [start(i) for i in range(n)])
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), args.timeout)
         wall = time.perf_counter() - t0
+        cpu_per_run = cpu.per_run(n)
     trouble = await gather_bounded(20, [task_trouble(h) for h in handles])
     replayed = 0
     if side == "codemode":
@@ -169,14 +218,24 @@ async def batch(client: Client, side: str, mode: Kind, rep: int, args: argparse.
                  correct=sum(correct(r) for r in results), failed_tasks=sum(f for f, _ in trouble),
                  timed_out_tasks=sum(t for _, t in trouble), rss_mb=sampler.rss,
                  monty_rss_mb=sampler.monty_rss, monty_processes=sampler.monty, peak_sessions=sampler.sessions,
-                 load_avg=[round(x, 2) for x in os.getloadavg()], replayed=replayed)
+                 load_avg=[round(x, 2) for x in os.getloadavg()], replayed=replayed, cpu_ms_per_run=cpu_per_run)
+
+
+def _cpu_total(batch: Batch) -> float:
+    return sum(batch.cpu_ms_per_run.values()) or float("nan")
+
+
+def cpu_cell(batches: Sequence[Batch], parts: Sequence[str]) -> str:
+    """Median CPU ms per run of each part, `a+b+c ms`."""
+    return "+".join(f"{statistics.median(b.cpu_ms_per_run.get(p, 0.0) for b in batches):.0f}" for p in parts) + " ms"
 
 
 def table(batches: Sequence[Batch], modes: Sequence[str]) -> tuple[str, bool]:
     """The one table, and whether every run was correct with no failed workflow task."""
     header = ["scenario", "runs/s cm", "runs/s floor", "calls/s cm", "calls/s floor", "cm/floor", "wall cm",
               "wall floor", "worker RSS cm", "monty RSS (procs)", "RSS floor", "failed tasks cm/floor",
-              "timed-out tasks cm/floor", "result"]
+              "timed-out tasks cm/floor", "CPU/run cm: bench+server+monty", "CPU/run floor: bench+server",
+              "CPU cm/floor", "result"]
     lines: list[list[str]] = []
     ok = True
     for mode in modes:
@@ -198,7 +257,9 @@ def table(batches: Sequence[Batch], modes: Sequence[str]) -> tuple[str, bool]:
             fmt_s(med(b.wall_s for b in cm)), fmt_s(med(b.wall_s for b in fl)),
             f"{max(b.rss_mb for b in cm):.0f} MB", f"{max(b.monty_rss_mb for b in cm):.0f} MB "
             f"({max(b.monty_processes for b in cm)})", f"{max(b.rss_mb for b in fl):.0f} MB",
-            f"{failed_cm} / {failed_fl}", f"{late_cm} / {late_fl}", "ok" if right else "WRONG",
+            f"{failed_cm} / {failed_fl}", f"{late_cm} / {late_fl}",
+            cpu_cell(cm, ("bench", "server", "monty")), cpu_cell(fl, ("bench", "server")),
+            f"{med(_cpu_total(b) / _cpu_total(pairs[b.rep]) for b in cm):.2f}x", "ok" if right else "WRONG",
         ])
     widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
 

@@ -13,3 +13,8 @@ def test_throughput_bench_runs_and_prints_the_table() -> None:
     assert "sequential: 2 runs x 3 calls" in out and "gather: 2 runs x 3 calls" in out, out
     assert "calls/s cm" in out and "monty RSS (procs)" in out and "load average" in out, out
     assert "WRONG" not in out, out
+    # Each side's CPU per run, by process: code mode's sandbox processes did the programs' work.
+    assert "CPU/run cm: bench+server+monty" in out and "CPU cm/floor" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("sequential: 2 runs"))
+    bench, server, monty = (float(x) for x in row.split("|")[-4].strip().removesuffix(" ms").split("+"))
+    assert bench > 0 and server > 0 and monty > 0, row
