@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, WorkflowTaskFailedCause
 from temporalio.client import Client, WorkflowHandle
 
 from durable_codemode import (
@@ -216,9 +216,22 @@ def corpus_table() -> str:
 
 
 async def task_failures(handle: WorkflowHandle[Any, Any]) -> list[str]:
-    return [e.workflow_task_failed_event_attributes.failure.message
-            for h in await fetch_chain_histories(handle) for e in h.events
-            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    """Each failed workflow task of the run's chain: its cause, the failure's type and message, its stack's end.
+
+    All of it, not the message alone: a failure once came with an empty message, which said nothing to chase.
+    """
+    failures = []
+    for history in await fetch_chain_histories(handle):
+        for event in history.events:
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                continue
+            attributes = event.workflow_task_failed_event_attributes
+            failure = attributes.failure
+            kind = failure.application_failure_info.type if failure.HasField("application_failure_info") else ""
+            stack = failure.stack_trace.strip().splitlines()[-3:]
+            failures.append(f"{WorkflowTaskFailedCause.Name(attributes.cause)} (event {event.event_id}): "
+                            f"{kind or 'failure'}: {failure.message!r}; stack ends: {' | '.join(stack) or 'none'}")
+    return failures
 
 
 @pytest.fixture
@@ -288,7 +301,7 @@ async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pyte
         if seen[-1] != {"result": 40}:
             problems.append(f"{entry.attempt}: the next snippet of the run gave {seen[-1]!r}")
         if failed := await task_failures(handle):
-            problems.append(f"{entry.attempt}: workflow task failed: {failed[0][:200]}")
+            problems.append(f"{entry.attempt}: workflow task failed: {failed[0][:600]}")
         await replay(handle)
     for result, handle in good_runs:
         assert json.loads(result.output) == [{"result": sum(i * 10 for i in range(50))}]
