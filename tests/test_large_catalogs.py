@@ -14,14 +14,15 @@ from pydantic_ai import Agent
 from temporalio.client import Client, WorkflowHandle
 
 from bench.catalog import EXPECTED, catalog_agent, task_steps
-from durable_codemode import CatalogSettings, CodeModeAgent, CodeModeUserError, RunResult, SnippetLimits, start_run
+from durable_codemode import CatalogSettings, CodeModeAgent, CodeModeUserError, RunResult, SnippetLimits
 from durable_codemode._catalog import SEARCH_LIMIT_MAX, CatalogIndex
 from durable_codemode._compute_wire import decode_answer, encode_answer
 from durable_codemode._stubs import estimate_tokens, run_code_tool_definition
 from durable_codemode._types import AgentSpec
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.testing import RunCode, last_result, scripted_model
 
 from ._agents import items_agent
+from ._runs import run_to_end
 
 
 def _name() -> str:
@@ -38,12 +39,7 @@ def echo(messages: Any) -> str:
 
 
 async def run(client: Client, agent: CodeModeAgent) -> tuple[RunResult, WorkflowHandle[Any, RunResult]]:
-    tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
-        handle = await start_run(client, agent.name, "go", task_queue=tq)
-        result = await handle.result()
-    await replay(handle)  # every completed run must replay cleanly
-    return result, handle
+    return await run_to_end(client, agent)
 
 
 async def _catalog_run(client: Client, *steps: Any, n_tools: int = 300,

@@ -15,10 +15,11 @@ from typing import Any
 from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
 from temporalio.client import Client, WorkflowHandle
 
-from durable_codemode import RunResult, start_run
-from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker
+from durable_codemode import RunResult
+from durable_codemode.testing import RunCode
 
 from ._agents import items_agent
+from ._runs import run_to_end
 
 
 def recorded_verdicts(history: Any) -> list[str]:
@@ -35,13 +36,7 @@ def recorded_verdicts(history: Any) -> list[str]:
 
 
 async def run(client: Client, *steps: Any, **worker_options: Any) -> tuple[RunResult, WorkflowHandle[Any, Any]]:
-    name = f"verdicts{os.urandom(3).hex()}"
-    tq = new_task_queue()
-    async with running_worker(client, [items_agent(name, *steps)], task_queue=tq, **worker_options):
-        handle = await start_run(client, name, "go", task_queue=tq)
-        result = await handle.result()
-    await replay(handle)
-    return result, handle
+    return await run_to_end(client, items_agent(f"verdicts{os.urandom(3).hex()}", *steps), **worker_options)
 
 
 def answers(messages: Any) -> list[str]:

@@ -20,22 +20,17 @@ from durable_codemode._stubs import run_code_tool_definition
 from durable_codemode._types import FILE_LISTING_LIMIT, SnippetRecord, TurnRecord, bound_turns
 from durable_codemode.debugging import render_trace, trace_run
 from durable_codemode.history._trace import files_text
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker
 from durable_codemode.workflow._files import RunFilesystem
 
 from ._agents import items_agent
+from ._runs import run_to_end
 
 
 async def run(client: Client, *steps: Any, files: RunFiles | None = None,
               limits: SnippetLimits | None = None) -> tuple[RunResult, WorkflowHandle[Any, Any]]:
-    name = f"files{os.urandom(3).hex()}"
-    agent = items_agent(name, *steps, limits=limits, agent_options={"files": files})
-    tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
-        handle = await start_run(client, name, "go", task_queue=tq)
-        result = await handle.result()
-    await replay(handle)  # every completed run must replay cleanly
-    return result, handle
+    return await run_to_end(client, items_agent(f"files{os.urandom(3).hex()}", *steps, limits=limits,
+                                                agent_options={"files": files}))
 
 
 def echo(messages: Any) -> str:

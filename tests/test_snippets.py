@@ -14,18 +14,13 @@ from durable_codemode import RunResult, SnippetLimits, start_run
 from durable_codemode.testing import RunCode, child_processes, last_result, new_task_queue, replay, running_worker
 
 from ._agents import Effects, items_agent
+from ._runs import run_to_end
 
 
 async def run(client: Client, *steps: Any, effects: Effects | None = None,
               **agent_options: Any) -> tuple[RunResult, WorkflowHandle[Any, RunResult]]:
-    name = f"agent{os.urandom(3).hex()}"
-    agent = items_agent(name, *steps, effects=effects, **agent_options)
-    tq = new_task_queue()
-    async with running_worker(client, [agent], task_queue=tq):
-        handle = await start_run(client, name, "go", task_queue=tq)
-        result = await handle.result()
-    await replay(handle)  # every completed run must replay cleanly
-    return result, handle
+    return await run_to_end(client, items_agent(f"agent{os.urandom(3).hex()}", *steps, effects=effects,
+                                                **agent_options))
 
 
 def echo(messages: Any) -> str:

@@ -14,10 +14,11 @@ from typing import Any
 
 from temporalio.client import Client
 
-from durable_codemode import _pool, start_run
-from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode import _pool
+from durable_codemode.testing import RunCode, last_result
 
 from ._agents import Effects, items_agent
+from ._runs import run_to_end
 
 SEEDED = """
 import random
@@ -35,12 +36,8 @@ def _warming_threads_done() -> None:
 
 
 async def _run(client: Client, *steps: Any, effects: Effects | None = None) -> Any:
-    name = f"agent{os.urandom(3).hex()}"
-    tq = new_task_queue()
-    async with running_worker(client, [items_agent(name, *steps, effects=effects)], task_queue=tq):
-        handle = await start_run(client, name, "go", task_queue=tq)
-        result = await handle.result()
-    await replay(handle)  # cold sessions, the same seeds: a warm session that differed would diverge here
+    # The replay takes cold sessions, with the same seeds: a warm session that differed would diverge there.
+    result, _ = await run_to_end(client, items_agent(f"agent{os.urandom(3).hex()}", *steps, effects=effects))
     return result
 
 
