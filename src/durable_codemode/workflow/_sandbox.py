@@ -1075,11 +1075,13 @@ class _SnippetDriver:
         # as such; then the records are put in call order (they were appended in completion order).
         for i, future in self._pending.items():
             started = self._started.pop(i, None)
-            record = started.cancelled() if started is not None else None
+            record = None
             if future.done() and not future.cancelled():
-                record = future.result()[1] or record
+                record = future.result()[1]
             else:
                 future.cancel()
+            if record is None and started is not None:  # made only for a call that has no record of its own
+                record = started.cancelled()
             if record is not None:
                 self._calls.append(record)
         self._pending.clear()
