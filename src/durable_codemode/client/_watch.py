@@ -39,7 +39,7 @@ from .._names import (
     call_id_of_activity,
     tool_of_activity_type,
 )
-from .._results import preview
+from .._results import preview, printable
 from .._types import RunResult, ToolCallInput
 from ..history._read import _decode, _read_marker, _summary, failure_text
 from ..workflow._run import CodeModeRunWorkflow
@@ -95,7 +95,8 @@ class _Follower:
         self._snippets: dict[str, _Snippet] = {}
 
     def say(self, text: str) -> None:
-        print(text, file=self._out, flush=True)
+        # One line each: whatever a run's text holds (ESC, CR, a newline) is shown escaped.
+        print(printable(text), file=self._out, flush=True)
 
     @property
     def in_flight(self) -> int:
