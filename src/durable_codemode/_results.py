@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "jsonable", "one_line", "preview", "printable"]
+__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "code_lines", "jsonable", "one_line", "preview",
+           "printable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -108,6 +109,18 @@ def one_line(value: Any) -> str:
 def clip(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, an ellipsis last if it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def code_lines(code: str) -> list[str]:
+    """A program's lines as its line numbers count them (Python's line ends: CRLF, CR, LF).
+
+    Not `str.splitlines()`, which also breaks at form feeds, file separators and U+2028: a program holding one
+    would be drawn with its lines numbered past the line a call or an error names.
+    """
+    return _LINE_END.split(code)
 
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

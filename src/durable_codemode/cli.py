@@ -66,7 +66,7 @@ from ._approvals import ApprovalRecord, PendingApproval, RejectedDecision
 from ._bundled import bundled_apps
 from ._errors import CodeModeError, CodeModeUserError, DecisionConflictError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
-from ._results import answer_text, preview, printable
+from ._results import answer_text, code_lines, preview, printable
 from ._signing import ApproverKeyring
 from ._types import NAMED_RECORDS, RunResult
 from .benchmark import add_bench_command
@@ -491,7 +491,7 @@ async def _approvals(args: argparse.Namespace) -> int:
         _say(f"{printable(p.call_id):<14} {printable(p.tool):<18} {since:<20} {p.line:>4}  "
              f"{printable(preview(p.args, 60))}")
         if p.code:
-            lines = p.code.split("\n")  # as the line numbers count them; a stray CR or form feed is shown escaped
+            lines = code_lines(p.code)
             line = lines[p.line - 1].strip() if 0 < p.line <= len(lines) else ""
             _say(f"{'':<14} {'':<18} code: {printable(preview(line, 70))}")
     return EXIT_OK

@@ -35,7 +35,7 @@ from temporalio.runtime import Runtime
 from .._config import SnippetLimits
 from .._errors import CodeModeUserError
 from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
-from .._results import preview, printable
+from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import serve, served_agents
@@ -332,7 +332,7 @@ def _guess_line(code: str, tool: str | None, *, start: int = 1) -> int | None:
     if not tool:
         return None
     pattern = re.compile(rf"\b{re.escape(tool)}\s*\(")
-    found = [n for n, text in enumerate(code.splitlines(), 1) if pattern.search(text)]
+    found = [n for n, text in enumerate(code_lines(code), 1) if pattern.search(text)]
     return next((n for n in found if n >= start), found[0] if found else None)
 
 
@@ -387,7 +387,7 @@ def _locate(div: Divergence, trace: RunTrace, capture: ReplayCapture) -> None:
         # program had got to, not at its first use.
         made = [c.line for c in capture.calls.values() if c.call_id.rsplit(".", 1)[0] == snippet.call_id and c.line]
         div.line, div.line_guessed = _guess_line(snippet.code, recorded_tool, start=max(made, default=1)), True
-    lines = snippet.code.splitlines()
+    lines = code_lines(snippet.code)
     if div.line and 0 < div.line <= len(lines):
         div.source_line = lines[div.line - 1].rstrip()
 

@@ -29,7 +29,7 @@ from pydantic import TypeAdapter
 
 from .._approvals import ApprovalRecord
 from .._config import SnippetLimits
-from .._results import answer_text, printable
+from .._results import answer_text, code_lines, printable
 from .._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
@@ -380,7 +380,8 @@ class _Drawing:
         self.add(f"{'└─ ' if last else '├─ '}run_code {snippet.call_id}  {snippet.outcome}{restart}{computed}{count}")
         inner = "   " if last else "│  "
         gutter = inner + ("│ " if n else "  ")
-        lines = snippet.code.expandtabs(4).splitlines()
+        code = snippet.code.expandtabs(4).rstrip("\r\n")
+        lines = code_lines(code) if code else []
         digits = len(str(len(lines)))
         numbered = list(enumerate(lines, 1))
         if self.code_lines is not None:  # a preview: blank lines carry nothing in six lines
