@@ -261,3 +261,12 @@ async def test_a_run_decided_before_decisions_were_read_as_json_replays() -> Non
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
                         workflow_runner=workflow_runner(), debug_mode=True)
     await replayer.replay_workflow(WorkflowHistory.from_json("before-bounds", text))
+
+
+def test_a_run_that_closes_while_a_decision_is_taken_says_so() -> None:
+    """Temporal aborts an update when its run closes before answering it (e.g. terminated): the error says which."""
+    closed_at = datetime(2026, 12, 5, 10, 2, 11, tzinfo=UTC)
+    assert str(RunClosedError("r-1", "terminated", closed_at, during=True)) == (
+        "run 'r-1' closed while this decision was being taken: it was terminated at 2026-12-05 10:02:11 UTC; "
+        "whether the decision was recorded first, `codemode audit r-1` shows")
+    assert str(RunClosedError("r-1", "failed", None)).startswith("run 'r-1' is closed: it failed, so it takes no")

@@ -95,14 +95,21 @@ class RunNotFoundError(CodeModeUserError):
 class RunClosedError(CodeModeUserError):
     """A decision (or another update) was sent to a run that has ended; nothing was recorded.
 
-    `status` is how it ended (`completed`, `failed`, `terminated`, `cancelled`, `timed out`), `closed_at` when.
+    `status` is how it ended (`completed`, `failed`, `terminated`, `cancelled`, `timed out`), `closed_at` when;
+    `during`: it closed while the decision was being taken (Temporal aborted the update), so whether it was recorded
+    first is for its audit trail to say.
     """
 
-    def __init__(self, workflow_id: str, status: str, closed_at: datetime | None) -> None:
+    def __init__(self, workflow_id: str, status: str, closed_at: datetime | None, *, during: bool = False) -> None:
         when = f" at {closed_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if closed_at else ""
         how = {"terminated": "was terminated", "cancelled": "was cancelled"}.get(status, status)
-        super().__init__(f"run {workflow_id!r} is closed: it {how}{when}, so it takes no decision (`codemode audit "
-                         f"{workflow_id}` shows the decisions it recorded; `codemode trace {workflow_id}` the run)")
+        if during:
+            message = (f"run {workflow_id!r} closed while this decision was being taken: it {how}{when}; whether the "
+                       f"decision was recorded first, `codemode audit {workflow_id}` shows")
+        else:
+            message = (f"run {workflow_id!r} is closed: it {how}{when}, so it takes no decision (`codemode audit "
+                       f"{workflow_id}` shows the decisions it recorded; `codemode trace {workflow_id}` the run)")
+        super().__init__(message)
         self.workflow_id = workflow_id
         self.status = status
         self.closed_at = closed_at

@@ -102,7 +102,8 @@ async def _on_run(client: Client, run_id: str, call: Awaitable[_T], timeout: tim
         return await call
     except RPCError as e:
         if e.status == RPCStatusCode.NOT_FOUND:  # no such run, or one that has ended ("already completed")
-            raise await _closed(client, run_id) or RunNotFoundError(run_id, _address(client)) from e
+            during = "aborted by closing workflow" in e.message  # it closed with the update in flight
+            raise await _closed(client, run_id, during=during) or RunNotFoundError(run_id, _address(client)) from e
         if e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
             raise await _closed(client, run_id) or WorkerUnavailableError(
                 f"no worker answered for run {run_id!r} within {timeout.total_seconds():g} s: start a worker that "
@@ -128,14 +129,14 @@ _CLOSED = {
 }
 
 
-async def _closed(client: Client, run_id: str) -> RunClosedError | None:
+async def _closed(client: Client, run_id: str, *, during: bool = False) -> RunClosedError | None:
     """`RunClosedError` if run `run_id` exists and has ended (how and when, from the server), else `None`."""
     try:
         description = await client.get_workflow_handle(run_id).describe()
     except RPCError:
         return None
     status = _CLOSED.get(description.status) if description.status is not None else None
-    return RunClosedError(run_id, status, description.close_time) if status else None
+    return RunClosedError(run_id, status, description.close_time, during=during) if status else None
 
 
 MAX_DEPS_BYTES = 64 * 1024
