@@ -22,8 +22,9 @@ Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the c
 server cannot be reached (also: `replay` of a run that needs `--worker MODULE`, a decision sent to a closed run);
 3 (`watch`, `run --follow`) the run waits for approval; 130 interrupted.
 
-Everything printed passes through `_results.printable`: names, notes, call ids, program source, arguments and
-results that came from a run or from whoever can reach the server cannot drive the terminal.
+What the commands print (all but `bench`'s tables and a bug's traceback) passes through `_results.printable`:
+names, notes, call ids, program source, arguments and results that came from a run or from whoever can reach the
+server cannot drive the terminal.
 
 `main()` leaves with `os._exit` after flushing: a short script whose last act is a Temporal call can abort at
 interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash report. Because
