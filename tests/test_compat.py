@@ -37,6 +37,16 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
     assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
+    # Approvals: update and signal names, and the update id a decision goes under (clients of every release send
+    # it; the validator accepts a decision under an id of this form only if it is that approver's about that call).
+    from durable_codemode import _approvals, _decisions
+
+    assert (_approvals.DECIDE_UPDATE, _approvals.DECIDE_ALL_UPDATE) == ("decide", "decide_all")
+    assert (_approvals.APPROVE_SIGNAL, _approvals.DENY_SIGNAL) == ("approve", "deny")
+    assert (_approvals.PENDING_APPROVALS_QUERY, _approvals.REJECTED_DECISIONS_QUERY) == (
+        "pending_approvals", "rejected_decisions")
+    assert _decisions.decision_update_id("call_1.7", "ana") == "call_1.7 by ana"
+    assert _decisions.decision_update_id("call_1.7", None) == "call_1.7"
 
 
 def test_persisted_payload_shapes_are_pinned() -> None:

@@ -155,6 +155,7 @@ class CodeModeActivities:
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
         spec.payload_store = self._payload_store
         spec.compact_tool_calls = True  # this worker reads a tool call's name and id from its activity's type and id
+        spec.bounded_signals = True  # this worker's runs hold a signal's decision to the update's field rules
         seeded = spec.files.seeded_bytes if spec.files is not None else 0
         if seeded > CARRY_WITHOUT_STORE_BYTES and not self._payload_store:
             raise ApplicationError(
