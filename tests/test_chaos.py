@@ -25,6 +25,7 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from durable_codemode import (
+    RunClosedError,
     RunNotFoundError,
     RunResult,
     WorkerUnavailableError,
@@ -83,9 +84,9 @@ async def _approver(client: Client, handles: list[WorkflowHandle[Any, RunResult]
                 await decide_all(client, handle.id, approved=APPROVED[i], approver="chaos",
                                  timeout=timedelta(seconds=3))
             undecided.pop(i, None)
-        except RunNotFoundError:
-            # "workflow update was aborted by closing workflow": an earlier decision of ours was recorded (its
-            # answer lost to a crash) and the run has finished since. The results show what was decided.
+        except (RunClosedError, RunNotFoundError):
+            # The run is closed (or the update was aborted by its closing): an earlier decision of ours was recorded
+            # (its answer lost to a crash) and the run has finished since. The results show what was decided.
             undecided.pop(i, None)
         except (WorkflowUpdateFailedError, WorkerUnavailableError, RPCError):
             pass  # not waiting yet, or no worker / server right now: try again later
