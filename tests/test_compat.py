@@ -398,3 +398,20 @@ def test_system_prompt_parts_keep_their_ref() -> None:
 
     part = SystemPromptPart("x", dynamic_ref="f", context_id="system_prompt:f")
     assert (part.dynamic_ref, part.context_id) == ("f", "system_prompt:f")
+
+
+def test_every_agent_option_is_applied_or_refused() -> None:
+    """A new `Agent(...)` option in a pydantic-ai release fails here until it is applied or refused by name."""
+    import inspect
+
+    from pydantic_ai import Agent
+
+    known = {
+        "model", "output_type", "instructions", "system_prompt", "deps_type", "name", "description",
+        "model_settings", "retries", "validation_context", "end_strategy", "tools", "toolsets", "capabilities",
+        "defer_model_check", "tool_timeout",  # applied (docs/agents.md, "Bring your pydantic-ai agent")
+        "metadata", "max_concurrency",  # refused by name (CodeModeAgent)
+    }
+    new = set(inspect.signature(Agent.__init__).parameters) - known - {"self"}
+    assert not new, (f"pydantic-ai's Agent takes options durable-codemode does not know: {sorted(new)}; apply each "
+                     "(and document it in docs/agents.md) or refuse it by name in worker/_agent.py's _unsupported")
