@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import uuid
 from collections.abc import Awaitable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError, RPCStatusCode
@@ -183,6 +184,7 @@ async def start_run(
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
+    usage: RunUsage | None = None,
     run_id: str | None = None,
     started_by: str | None = None,
     instructions: str | None = None,
@@ -209,6 +211,9 @@ async def start_run(
         usage_limits: pydantic-ai `UsageLimits`, recorded with the run and checked in workflow code before each
             model request and tool call and after each response, over the whole continue-as-new chain. Past one
             the run fails with pydantic-ai's `UsageLimitExceeded` message, not retried.
+        usage: the usage to start counting from, as `Agent.run(usage=...)`: the earlier runs of a conversation
+            (`RunResult.usage`), so `usage_limits` count them too and the result's `usage` is the total. Recorded
+            with the run (a copy: `run_agent` updates the object you pass in place, as `agent.run()` does).
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
         instructions: this run's own instructions, added to the agent's, as `Agent.run(instructions=...)`; recorded
             when the run starts and sent with every model request of the run.
@@ -234,11 +239,14 @@ async def start_run(
     if model_settings is not None and not isinstance(model_settings, dict):
         raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
                                    f"{type(model_settings).__name__}")
+    if usage is not None and not isinstance(usage, RunUsage):
+        raise InvalidRunInputError(f"usage must be pydantic_ai.usage.RunUsage (a previous run's RunResult.usage), got "
+                                   f"{type(usage).__name__}")
     run_input = RunInput(agent=name, prompt=prompt_or_none, model=check_run_model(model), message_history=history,
                          deps=run_deps, deps_type=deps_type,
                          model_settings=dict(model_settings) if model_settings else None,
                          usage_limits=check_usage_limits(usage_limits), started_by=started_by,
-                         instructions=instructions)
+                         instructions=instructions, usage=usage)
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -261,6 +269,7 @@ async def run_agent(
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
+    usage: RunUsage | None = None,
     run_id: str | None = None,
     instructions: str | None = None,
     output_type: Any = None,
@@ -270,13 +279,22 @@ async def run_agent(
     `output_type` defaults to the agent's own when `agent` is the `CodeModeAgent`; with only its name and no
     `output_type`, the output is the JSON the workflow returned (a `BaseModel` output as its dict). For a
     statically typed `RunResult[Answer]`, use `typed_result(await run_agent(...), Answer)`.
+
+    `usage`, as in `agent.run(usage=...)`, is counted into: once the run ends it holds the total (the run's
+    `RunResult.usage`, which is then that same object), so one `RunUsage` passed to each run of a conversation
+    keeps its running total, and each run's `usage_limits` count the runs before it.
     """
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
-                             usage_limits=usage_limits, run_id=run_id, instructions=instructions)
+                             usage_limits=usage_limits, usage=usage, run_id=run_id, instructions=instructions)
     if output_type is None and isinstance(agent, CodeModeAgent):
         output_type = agent.output_type
-    return await run_result(handle, output_type)
+    result = await run_result(handle, output_type)
+    if usage is None:
+        return result
+    for name in (f.name for f in fields(RunUsage)):  # in place, as pydantic-ai counts into the caller's object
+        setattr(usage, name, copy.copy(getattr(result.usage, name)))
+    return replace(result, usage=usage)
 
 
 async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) -> RunResult[Any]:

@@ -19,7 +19,14 @@ from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
 from pydantic_ai._agent_graph import GraphAgentState
 from pydantic_ai._output import types_from_output_spec
 from pydantic_ai.exceptions import UnexpectedModelBehavior
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, ModelSelectionContext, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.native_tools import AbstractNativeTool
@@ -173,6 +180,26 @@ def _last_prompt(messages: list[ModelMessage]) -> Any:
                 if isinstance(part, UserPromptPart):
                     return part.content
     return None
+
+
+_MARK = "durable-codemode: the output tool's return"
+
+
+def _closing(result: AgentRunResult[Any]) -> dict[str, Any]:
+    """What ends a run's messages after its output (`OutputVerdict.closing`, `.output_tool`), as pydantic-ai left it.
+
+    pydantic-ai answers an output tool's call with a last request (`'Final result processed.'`); which output tool
+    gave the output is found with its own public `all_messages(output_tool_return_content=...)`.
+    """
+    last = result.all_messages()[-1]
+    if not isinstance(last, ModelRequest):
+        return {}
+    try:
+        marked = result.all_messages(output_tool_return_content=_MARK)[-1]
+    except (ValueError, LookupError):  # no output tool gave the output
+        return {"closing": last}
+    tool = next((p.tool_name for p in marked.parts if isinstance(p, ToolReturnPart) and p.content == _MARK), None)
+    return {"closing": last, "output_tool": tool}
 
 
 def _set_output_tool_retries(manager: Any, retries: int) -> None:
@@ -836,7 +863,7 @@ class CodeModeAgent:
             assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"
             return OutputVerdict(retry=last)
         assert run.result is not None
-        return OutputVerdict(output=jsonable(run.result.output))
+        return OutputVerdict(output=jsonable(run.result.output), **_closing(run.result))
 
     async def after_run(self, override: str | None, messages: list[ModelMessage], output: Any, usage: RunUsage, *,
                         deps: Any = None) -> Any:

@@ -105,6 +105,10 @@ _SEAL_TIMEOUT = timedelta(seconds=10)
 _OUTPUT_TIMEOUT = timedelta(minutes=5)
 """Output validators may do I/O (a lookup, another model): as long as a model request may take."""
 
+_NOT_RUN = "Tool not executed - a final result was already processed."
+"""What a function call of a run's final response returns when the output ended the run first (pydantic-ai's
+words for it), so the conversation's last response has an answer for each of its calls."""
+
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
     "ArithmeticError", "AssertionError", "AttributeError", "FileExistsError", "FileNotFoundError",
@@ -140,6 +144,11 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         raise
 
 
+def _copied(usage: RunUsage | None) -> RunUsage:
+    """A run's starting usage (`RunInput.usage`), as a copy the run may count into: the input itself is carried on."""
+    return RunUsage() if usage is None else replace(usage, details=dict(usage.details))
+
+
 def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
     """The type and message a run's failure has: its own, or its activity's cause's (a model request's)."""
     failure = error.cause if isinstance(error, ActivityError) and error.cause is not None else error
@@ -173,6 +182,7 @@ class CodeModeRunWorkflow:
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
         self._files: RunFilesystem | None = None
+        self._output_tool_name: str | None = None
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -280,7 +290,8 @@ class CodeModeRunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"describe agent {input.agent}",
             )
-            cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
+            cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
+                                runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
         self._deps = input.deps
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
@@ -435,7 +446,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
                                                    counts=not maybe_text)
                 if verdict.retry is None:
-                    return verdict.output
+                    return self._closed(messages, calls, verdict, [])
                 if not functions:
                     messages.append(self._request(list(verdict.retry.parts)))
                     continue
@@ -467,7 +478,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
                                                              output_calls, index)
                 if verdict.retry is None:
-                    return verdict.output
+                    return self._closed(messages, calls, verdict, parts)
                 retry_parts = list(verdict.retry.parts)
             messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
 
@@ -482,12 +493,30 @@ class CodeModeRunWorkflow:
                 result_type=None,
                 summary="after_run hooks",
             )
-        return self._result(output, cont)
+        return self._result(output, cont, messages)
 
-    def _result(self, output: Any, cont: Continuation) -> RunResult[Any]:
+    def _closed(self, messages: list[ModelMessage], calls: list[ToolCallPart], verdict: OutputVerdict,
+                answered: list[ModelRequestPart]) -> Any:
+        """`verdict`'s output, once the request pydantic-ai ends such a run's messages with is added to them.
+
+        That request answers the final response's tool calls: the output tool's (`verdict.closing`, from the output
+        activity), the function calls that ran (`answered`), and the others as not run, so the conversation can be
+        continued (`RunResult.all_messages()`). Verdicts recorded before `closing` existed add nothing.
+        """
+        self._output_tool_name = verdict.output_tool
+        if verdict.closing is not None:
+            parts = [*answered, *verdict.closing.parts]
+            done = {getattr(p, "tool_call_id", None) for p in parts}
+            parts += [self._return(c, _NOT_RUN) for c in calls if c.tool_call_id not in done]
+            messages.append(replace(verdict.closing, parts=self._in_call_order(calls, parts)))
+        return verdict.output
+
+    def _result(self, output: Any, cont: Continuation, messages: list[ModelMessage]) -> RunResult[Any]:
         bound_turns(cont.turns)
         return RunResult(output=output, usage=cont.usage, turns=cont.turns, continued_as_new=cont.runs,
-                         approvals=self._approvals.audit)
+                         approvals=self._approvals.audit, messages=list(messages),
+                         new_message_index=min(cont.new_message_index, len(messages)),
+                         output_tool_name=self._output_tool_name)
 
     async def _output_after_functions(
         self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
@@ -759,12 +788,13 @@ class CodeModeRunWorkflow:
             deps_type=input.deps_type,
             model_settings=input.model_settings,
             usage_limits=input.usage_limits,
+            usage=input.usage,
             started_by=input.started_by,
             instructions=input.instructions,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
                                       output_retries=self._output_retries, tool_retries=self._tool_retries,
-                                      files=files),
+                                      files=files, new_message_index=cont.new_message_index),
         ))
 
     def _carried_files(self, spec: AgentSpec) -> tuple[CarriedFiles | None, str | None]:
