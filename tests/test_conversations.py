@@ -152,5 +152,5 @@ async def test_text_answers_have_no_output_tool_to_rewrite(client: Client) -> No
     assert result.new_messages() == result.all_messages() and result.output_tool_name is None
     with pytest.raises(ValueError, match="not given by an output tool"):
         result.all_messages(output_tool_return_content="x")
-    with pytest.raises(InvalidRunInputError, match="usage must be pydantic_ai.usage.RunUsage"):
+    with pytest.raises(InvalidRunInputError, match=r"usage must be pydantic_ai\.usage\.RunUsage"):
         await start_run(client, durable, "hello", task_queue=tq, usage={"requests": 1})  # type: ignore[arg-type]

@@ -155,6 +155,8 @@ len(over)"""
 
 DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "Remove everything over $50 a piece": (CART_PROGRAM, lambda result: f"Removed {result['result']} lines."),
+    # docs/agents.md, deps that hold connections: the balance the tool read through the worker's connection.
+    "What is my balance?": ("await customer_balance()", lambda result: f"Your balance is {result['result']}."),
     # docs/agents.md, per-run deps: the ticket's id shows the tool saw the run's tenant.
     "What is open?": ("await open_tickets()", lambda result: f"Open: {', '.join(result['result'])}."),
     # README.md, who may approve: the program's call waits for two signed approvals, then pays.

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval, RejectedDecision
@@ -142,6 +144,41 @@ def check_run_model(model: str | None) -> str | None:
     return model
 
 
+def _unrecordable(converter: PayloadConverter, deps: Any, error: Exception) -> str:
+    """Why `deps` cannot be recorded with a run: the fields the converter cannot serialize, and the way out.
+
+    pydantic-ai's deps are often a connection or client beside ids (`SupportDependencies(customer_id, db)`): the
+    message names the fields that are live resources and spells out the `deps_factory` that keeps them on the worker.
+    """
+    kind = type(deps)
+    if dataclasses.is_dataclass(deps):
+        values = {f.name: getattr(deps, f.name) for f in dataclasses.fields(deps)}
+    elif isinstance(deps, BaseModel):
+        values = dict(deps)
+    else:
+        return (f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({error}); "
+                "pass a dataclass, a pydantic BaseModel, a TypedDict or plain JSON values")
+    live: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    for name, value in values.items():
+        try:
+            converter.to_payloads([value])
+            data[name] = to_jsonable_python(value)
+        except Exception:
+            live[name] = type(value).__qualname__
+    if not live:
+        return (f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({error}); "
+                "pass a dataclass, a pydantic BaseModel, a TypedDict or plain JSON values")
+    built = ", ".join([*(f"{n}=run[{n!r}]" for n in data), *(f"{n}=<the worker's {t}>" for n, t in live.items())])
+    named = ", ".join(f"{n!r} ({t})" for n, t in live.items())
+    fields_are = f"fields {named} are live resources" if len(live) > 1 else f"field {named} is a live resource"
+    return (f"deps of type {kind.__qualname__} cannot be recorded with the run: its {fields_are} the data converter "
+            "cannot serialize. A run records its deps in its history, so it records ids and settings, and the "
+            "worker holds connections and clients: give the agent a deps_factory that builds the deps on the "
+            f"worker, CodeModeAgent(agent, deps_factory=lambda run: {kind.__name__}({built})), and start the run "
+            f"with what it records, deps={data!r} (docs/agents.md#deps-that-hold-connections)")
+
+
 def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) -> tuple[Any, str | None]:
     """`deps` checked for a run: `(deps, the qualified name of its class when it is not plain JSON)`.
 
@@ -153,12 +190,11 @@ def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) 
     if deps is None:
         return None, None
     kind = type(deps)
+    converter = client.data_converter.payload_converter
     try:
-        payloads = client.data_converter.payload_converter.to_payloads([deps])
+        payloads = converter.to_payloads([deps])
     except Exception as e:
-        raise InvalidRunInputError(
-            f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({e}); pass a "
-            "dataclass, a pydantic BaseModel, a TypedDict or plain JSON values") from e
+        raise InvalidRunInputError(_unrecordable(converter, deps, e)) from e
     size = sum(len(p.data) for p in payloads)
     if size > MAX_DEPS_BYTES:
         raise InvalidRunInputError(
@@ -167,7 +203,7 @@ def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) 
     type_name = None if isinstance(deps, _JSON_TYPES) else f"{kind.__module__}.{kind.__qualname__}"
     if agent is not None:
         try:
-            agent.run_deps(to_jsonable_python(deps), type_name=type_name)
+            agent.recorded_deps(to_jsonable_python(deps), type_name=type_name)
         except CodeModeUserError as e:
             raise InvalidRunInputError(str(e)) from e
     return deps, type_name

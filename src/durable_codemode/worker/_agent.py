@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any, Union, cast
+from typing import Any, TypeVar, Union, cast
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
 from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
 from pydantic_ai._agent_graph import GraphAgentState
 from pydantic_ai._output import types_from_output_spec
@@ -86,7 +87,12 @@ from ._capabilities import (
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
 
-__all__ = ["CodeModeAgent", "ToolSelector"]
+__all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
+
+AgentDepsT = TypeVar("AgentDepsT")
+"""The wrapped agent's `deps_type`: what a `deps_factory` must build."""
+RunDepsT = TypeVar("RunDepsT")
+"""What a run records for a `deps_factory` (`run_deps_type`)."""
 
 
 def _unsupported(agent: Agent[Any, Any]) -> list[str]:
@@ -217,6 +223,34 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
     return TypeAdapter(kind)
 
 
+def not_data_message(agent: str, kind: Any, error: Exception) -> str:
+    """Why `kind` (a deps type) cannot be rebuilt from what a run records, naming the fields that are not data."""
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception:  # an unresolvable annotation: name no field
+        hints = {}
+    bad: dict[str, str] = {}
+    for field_name, hint in hints.items():
+        try:
+            _adapter(hint)
+        except PydanticSchemaGenerationError:
+            bad[field_name] = getattr(hint, "__qualname__", str(hint))
+    cause = str(error).splitlines()[0]
+    name = getattr(kind, "__qualname__", str(kind))
+    if not bad:
+        what = "it holds something that is not data"
+        way = "a deps_factory that builds its deps on the worker"
+    else:
+        what = (f"its field{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} "
+                f"hold{'s' if len(bad) == 1 else ''} a live resource, not data")
+        built = ", ".join(f"{n}=run[{n!r}]" if n not in bad else f"{n}=<the worker's {bad[n]}>" for n in hints)
+        way = f"a deps_factory that builds them on the worker, CodeModeAgent(agent, deps_factory=lambda run: " \
+              f"{getattr(kind, '__name__', name)}({built}))"
+    return (f"the deps of agent {agent!r} ({name}) cannot be rebuilt from what a run records: {what} ({cause}). A "
+            f"run records its deps in its history, so only ids and settings; give the agent {way}, with the "
+            "connections and clients the worker holds (docs/agents.md#deps-that-hold-connections)")
+
+
 def _qualified_name(kind: Any) -> str | None:
     """`module.QualName` of a class (what `start_run` records of a deps value), `None` for other types."""
     if not isinstance(kind, type):
@@ -287,7 +321,7 @@ class CodeModeAgent:
 
     def __init__(
         self,
-        agent: Agent[Any, Any],
+        agent: Agent[AgentDepsT, Any],
         *,
         name: str | None = None,
         code_mode: bool = True,
@@ -297,6 +331,8 @@ class CodeModeAgent:
         limits: SnippetLimits | None = None,
         env_allowlist: Sequence[str] = (),
         deps: Any = None,
+        deps_factory: Callable[[RunDepsT], AgentDepsT] | None = None,
+        run_deps_type: type[RunDepsT] | None = None,
         files: RunFiles | None = None,
         catalog: CatalogSettings | None = None,
     ) -> None:
@@ -318,6 +354,15 @@ class CodeModeAgent:
                 the worker when a run starts and recorded. Every other variable reads as unset.
             deps: The default deps (`ctx.deps` of tools, instructions and `prepare` functions) for runs started
                 without `start_run(deps=...)`.
+            deps_factory: Builds the agent's own `deps_type` on the worker, for deps that hold live resources (a
+                connection, a client): called with what the run recorded (`start_run(deps=...)`: ids and
+                settings; `None` when the run gave none) in every activity that needs `ctx.deps`, so it must be
+                cheap: hand out resources the worker holds (opened before `create_worker`), do not open new ones.
+                Only the recorded part is ever in the run's history. Exclusive with `deps`.
+            run_deps_type: What a run records for `deps_factory`: the factory gets it validated as this type (a
+                dataclass, `BaseModel`, `TypedDict`; `X | None` lets runs give none), and `start_run` given this
+                `CodeModeAgent` checks it before anything starts. `None` (the default): the factory gets the
+                recorded value as JSON (a dict for a dataclass or model), or `None`.
             files: A filesystem per run for the programs (`pathlib`, `open()` under `/files`), optionally seeded
                 read-only from a folder on the worker; `None` (the default): programs have no files.
             catalog: When the sandbox tools are too many for the `run_code` description to carry every stub (by
@@ -351,7 +396,18 @@ class CodeModeAgent:
         self._default_options = default_tool_options or ToolOptions()
         self.limits = limits or SnippetLimits()
         self.env_allowlist = tuple(env_allowlist)
+        if deps_factory is not None and deps is not None:
+            raise CodeModeUserError(
+                f"agent {resolved!r} is given both deps and a deps_factory: the factory builds every run's deps "
+                "(also for runs that give none: it gets None), so drop deps=")
+        if run_deps_type is not None and deps_factory is None:
+            raise CodeModeUserError(
+                f"agent {resolved!r} is given run_deps_type without a deps_factory: run_deps_type is what a run "
+                "records for the factory to build the agent's deps from; without one, runs record the agent's own "
+                "deps_type")
         self.deps = deps
+        self._deps_factory: Callable[[Any], Any] | None = deps_factory
+        self._run_deps_type: Any = run_deps_type
         self.files = files
         self.catalog = catalog or CatalogSettings()
         self._hooked = bool(extra_capabilities(agent))
@@ -386,33 +442,69 @@ class CodeModeAgent:
         """The agent's `deps_type` (pydantic-ai's default, `NoneType`, when it declares none)."""
         return self.agent.deps_type
 
+    @property
+    def run_deps_type(self) -> Any:
+        """What a run records as its deps: `deps_type`; with a `deps_factory`, `run_deps_type` (else `Any`)."""
+        if self._deps_factory is not None:
+            return Any if self._run_deps_type is None else self._run_deps_type
+        return self.deps_type
+
     def run_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
         """A run's deps as its tools see them: `raw` (what the data converter decoded) rebuilt as `deps_type`.
 
         `None` means the run gave none: the `CodeModeAgent(deps=...)` default. An agent without a `deps_type`
-        gets the value as decoded (plain JSON).
+        gets the value as decoded (plain JSON). With a `deps_factory`, the factory builds them from `raw`
+        (`recorded_deps`), here on the worker.
 
         Raises:
-            CodeModeUserError: the deps are of another type than the agent's `deps_type`, or do not validate as
-                it (the message names both).
+            CodeModeUserError: the deps are of another type than the one a run records, do not validate as it (the
+                message names both), or the `deps_factory` raised.
 
         """
-        if raw is None:
-            return self.deps
-        expected = self.deps_type
-        if expected is type(None) or expected is Any:
+        factory = self._deps_factory
+        if factory is None:
+            return self.deps if raw is None else self.recorded_deps(raw, type_name=type_name)
+        recorded = self.recorded_deps(raw, type_name=type_name)
+        try:
+            return factory(recorded)
+        except Exception as e:
+            raise CodeModeUserError(f"the deps_factory of agent {self.name!r} failed for the run's deps {raw!r}: "
+                                    f"{type(e).__name__}: {e}") from e
+
+    def recorded_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
+        """What a run recorded as its deps, checked and rebuilt as `run_deps_type` (no `deps_factory` called).
+
+        `start_run` checks a run's deps with it before anything starts, when it is given the `CodeModeAgent`.
+
+        Raises:
+            CodeModeUserError: as `run_deps`, or the type cannot be rebuilt from data at all (a field holds a
+                connection or client): the message names the field and says to give the agent a `deps_factory`.
+
+        """
+        expected = self.run_deps_type
+        if expected is type(None) or expected is Any or (raw is None and self._deps_factory is None):
             return raw
         wanted = _qualified_name(expected)
+        whose = "its run_deps_type" if self._deps_factory is not None else "its deps_type"
         if type_name is not None and wanted is not None and type_name != wanted:
             raise CodeModeUserError(
-                f"agent {self.name!r} takes deps of type {wanted} (its deps_type), but the run was started with "
+                f"agent {self.name!r} takes deps of type {wanted} ({whose}), but the run was started with "
                 f"deps of type {type_name}: pass a {getattr(expected, '__name__', wanted)} as start_run(deps=...)")
         try:
-            return _adapter(expected).validate_python(raw)
+            adapter = _adapter(expected)
+        except PydanticSchemaGenerationError as e:
+            raise CodeModeUserError(not_data_message(self.name, expected, e)) from e
+        try:
+            return adapter.validate_python(raw)
         except ValidationError as e:
             raise CodeModeUserError(
-                f"the run's deps do not validate as {wanted or expected!r}, the deps_type of agent {self.name!r}: "
+                f"the run's deps do not validate as {wanted or expected!r}, {whose} of agent {self.name!r}: "
                 f"{e.error_count()} error(s), first: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from e
+
+    @property
+    def builds_deps(self) -> bool:
+        """Whether every run's deps are built on the worker (`deps_factory`), even a run that recorded none."""
+        return self._deps_factory is not None
 
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
                      attempt: int = 1, deps: Any = None) -> RunContext[Any]:
@@ -571,7 +663,8 @@ class CodeModeAgent:
             system_prompts = [part.content for part in system_parts]
             dynamic_prompts = [DynamicPrompt(index=i, ref=part.dynamic_ref, context_id=part.context_id)
                                for i, part in enumerate(system_parts) if part.dynamic_ref]
-        tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
+        tools = (await self.tools(self._run_context(deps=deps)) if raw_deps is not None or self.builds_deps
+                 else await self.tools())
         if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
             # The request's parameters, not `info.function_tools`: those leave out the deferred tools
             # (`defer_loading=True`), which `ToolSearch` hides from the model only after the hooks prepared them.
@@ -909,7 +1002,8 @@ class CodeModeAgent:
         """
         run_deps = self.run_deps(deps)
         try:
-            tools = await self.tools(self._run_context(deps=run_deps)) if deps is not None else await self.tools()
+            tools = (await self.tools(self._run_context(deps=run_deps)) if deps is not None or self.builds_deps
+                     else await self.tools())
         except Exception as e:
             reconnect_lost(self.agent.toolsets, e, subject=f"the tools of agent {self.name!r}")
             raise
