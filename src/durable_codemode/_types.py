@@ -679,6 +679,9 @@ class BatchOutcome:
     value: Any = None
     error_type: str | None = None
     message: str | None = None
+    usage: RunUsage | None = None
+    """`ok`: what the call added to its `ctx.usage` (a sub-agent run), counted in the run's usage; `None`: nothing
+    (and in outcomes recorded before the field)."""
 
 
 @dataclass(kw_only=True)

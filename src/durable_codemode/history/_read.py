@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.usage import RunUsage
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
@@ -52,6 +53,7 @@ from .._names import (
 )
 from .._results import preview
 from .._storage import env_stores, resolve_history
+from .._tool_usage import split_usage
 from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._fetch import fetch_chain
@@ -161,6 +163,8 @@ class RecordedActivity:
     cancel_requested: bool = False
     event_id: int = 0
     """The event that scheduled it (or its marker)."""
+    usage: RunUsage | None = None
+    """A tool call's own model use (a sub-agent it ran), counted in the run's usage (`_tool_usage`)."""
 
 
 @dataclass
@@ -195,7 +199,7 @@ def _read_marker(event: HistoryEvent) -> RecordedActivity | None:
         activity.closed, activity.failure = "failed", failure_text(attrs.failure)
     elif "result" in attrs.details:
         kind = AgentSpec if activity.activity_type == DESCRIBE_AGENT_ACTIVITY else None
-        activity.result = _decode(attrs.details["result"], kind)
+        activity.result, activity.usage = split_usage(_decode(attrs.details["result"], kind))
     return activity
 
 
@@ -242,7 +246,8 @@ def read_run(history: WorkflowHistory) -> RecordedRun:
             done = event.activity_task_completed_event_attributes
             if (act := by_event.get(done.scheduled_event_id)) is not None:
                 hint = ModelResponse if act.activity_type == MODEL_REQUEST_ACTIVITY else None
-                act.closed, act.finished_at, act.result = "completed", _time(event), _decode(done.result, hint)
+                act.closed, act.finished_at = "completed", _time(event)
+                act.result, act.usage = split_usage(_decode(done.result, hint))  # a tool's value, and its agents' use
         elif kind == "activity_task_failed_event_attributes":
             failed = event.activity_task_failed_event_attributes
             if (act := by_event.get(failed.scheduled_event_id)) is not None:

@@ -989,10 +989,12 @@ class CodeModeAgent:
                        messages=list(messages), usage=usage, prompt=_last_prompt(messages))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
-                        deps: Any = None, recorded_schema: str | None = None) -> Any:
+                        deps: Any = None, recorded_schema: str | None = None, usage: RunUsage | None = None) -> Any:
         """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
 
-        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did.
+        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did. `usage`: the tool's
+        `ctx.usage`, which holds afterwards what the tool added (a sub-agent run with `usage=ctx.usage`), for the
+        run to count (`_tool_usage`); pydantic-ai's own count of this call is left out, the run counted it.
 
         Raises:
             KeyError: the agent has no tool called `tool_name`.
@@ -1022,11 +1024,16 @@ class CodeModeAgent:
                 "against, so the call was not made. Runs started from now on see the new schema; start a new run "
                 "to use it")
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
+        if usage is not None:
+            ctx = replace(ctx, usage=usage)
         instrumentation = instrumentation_of(self.agent)
         try:
             if self._hooked or instrumentation is not None:
                 ctx = instrumented_context(ctx, instrumentation)
-                return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+                result = jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+                if usage is not None and usage.tool_calls:  # pydantic-ai's ToolManager counted this call itself
+                    usage.tool_calls -= 1
+                return result
             validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
             return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
         except Exception as e:

@@ -66,6 +66,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview
     from .._signing import ApproverKeyring
+    from .._tool_usage import split_usage
     from .._types import (
         AfterRunInput,
         AgentSpec,
@@ -142,6 +143,19 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         if isinstance(cause, ApplicationError):
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
         raise
+
+
+def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
+    """Whether a run may start another tool call, now that its tools' sub-agent runs are counted in its usage.
+
+    Only a tool's own model use (`_tool_usage`) can take a run past its request or token limits between two
+    model requests (each request checks them before and after), so an ordinary run never fails here; one whose
+    programs delegate in a loop stops at the first call past a limit instead of at its next model request.
+    """
+    limits.check_tokens(usage)
+    if limits.request_limit is not None and usage.requests > limits.request_limit:
+        raise UsageLimitExceeded(f"Exceeded the request_limit of {limits.request_limit} (requests={usage.requests}), "
+                                 "counting the requests of the run's tools' own agent runs")
 
 
 def _copied(usage: RunUsage | None) -> RunUsage:
@@ -643,6 +657,7 @@ class CodeModeRunWorkflow:
         if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
             projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
             self._check_usage(lambda u: u.check_before_tool_call(projected))
+            self._check_usage(lambda u: _check_counted(u, self._usage))
         self._usage.tool_calls += 1
         wait = None
         if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
@@ -698,14 +713,19 @@ class CodeModeRunWorkflow:
                     settled, status = _tool_error(tool, answer), "error"
                 elif answer.kind == "ok":
                     settled = {"return_value": answer.value}
+                    if answer.usage is not None:
+                        self._usage.incr(answer.usage)
                 else:
                     settled, status = _raised(answer.error_type, answer.message or ""), "error"
                 return settled, self._record(call_id, tool, args_text, settled, status, started)
         try:
             if spec.local:
-                value = await workflow.execute_local_activity(spec.activity_type, payload, **options)
+                result = await workflow.execute_local_activity(spec.activity_type, payload, **options)
             else:
-                value = await workflow.execute_activity(spec.activity_type, payload, **options)
+                result = await workflow.execute_activity(spec.activity_type, payload, **options)
+            value, added = split_usage(result)  # what a sub-agent run of the tool used counts in the run's usage
+            if added is not None:
+                self._usage.incr(added)
             settled = {"return_value": value}
         except ActivityError as e:
             settled, status = _tool_error(tool, e), "error"
