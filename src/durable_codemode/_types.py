@@ -448,6 +448,9 @@ class RunResult(Generic[OutputT]):
     """Where this run's own messages start in `messages` (`new_messages()`)."""
     output_tool_name: str | None = None
     """The output tool whose call gave the output, when one did (`all_messages(output_tool_return_content=...)`)."""
+    run_id: str | None = None
+    """The run's workflow id (`AgentRunResult.run_id`): `client.get_workflow_handle(run_id)` finds its history, and
+    `codemode trace RUN_ID` draws it. `None` in results of runs that ended before the field existed."""
 
     def all_messages(self, *, output_tool_return_content: str | None = None) -> list[ModelMessage]:
         """The run's whole conversation, to continue it in the next run (`start_run(message_history=...)`).

@@ -216,7 +216,7 @@ async def start_run(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
-    message_history: Sequence[ModelMessage] = (),
+    message_history: Sequence[ModelMessage] | None = (),
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
@@ -236,7 +236,7 @@ async def start_run(
         model: a pydantic-ai model string overriding the agent's model for this run. Its provider must be one
             pydantic-ai knows (checked here); its API key must be set on the workers (checked at the run's first
             step, which fails the run at once, naming the variable, when it is not).
-        message_history: earlier messages to continue a conversation.
+        message_history: earlier messages to continue a conversation (`None`: none, as in `Agent.run`).
         deps: this run's deps, as in `Agent.run(deps=...)`: `ctx.deps` of its tools (in the sandbox and native),
             dynamic instructions and `prepare` functions. A dataclass, pydantic model, TypedDict or plain JSON,
             at most `MAX_DEPS_BYTES` as JSON; recorded in the run's input and carried across continue-as-new.
@@ -267,7 +267,7 @@ async def start_run(
 
     """
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
-    prompt_or_none, history = validate_run_input(name, prompt, message_history)
+    prompt_or_none, history = validate_run_input(name, prompt, () if message_history is None else message_history)
     run_deps, deps_type = deps_for_run(client, deps, agent if isinstance(agent, CodeModeAgent) else None)
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRunInputError(f"instructions must be a string (added to the agent's for this run), got "
@@ -301,7 +301,7 @@ async def run_agent(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
-    message_history: Sequence[ModelMessage] = (),
+    message_history: Sequence[ModelMessage] | None = (),
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,

@@ -530,7 +530,7 @@ class CodeModeRunWorkflow:
         return RunResult(output=output, usage=cont.usage, turns=cont.turns, continued_as_new=cont.runs,
                          approvals=self._approvals.audit, messages=list(messages),
                          new_message_index=min(cont.new_message_index, len(messages)),
-                         output_tool_name=self._output_tool_name)
+                         output_tool_name=self._output_tool_name, run_id=workflow.info().workflow_id)
 
     async def _output_after_functions(
         self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
