@@ -9,10 +9,13 @@ two different conversations (code mode's `run_code` description and programs), p
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import importlib
+import os
 import re
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -359,3 +362,25 @@ async def test_rag(client: Client, examples: dict[str, ModuleType], monkeypatch:
     # The local embeddings ranked the FastAPI section first, in the worker's SQLite search DB.
     assert result.output == plain.output == "See the section FastAPI."
     _same_usage("rag", result.usage, plain.usage)
+
+
+# -- the README's walkthrough --------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readmes_walkthrough_is_examples_walkthrough_py() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("```python\n", readme.index("## Make your own agent durable")) + len("```python\n")
+    assert readme[start:readme.index("```\n", start)] == (ROOT / "examples" / "walkthrough.py").read_text()
+
+
+@pytest.mark.timeout(120)
+async def test_the_walkthrough_runs_as_written_without_a_key() -> None:
+    """`python examples/walkthrough.py` in a fresh process, as the README says: no server, no key, no network."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TEMPORAL_", "OPENAI_", "ANTHROPIC_"))}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "examples/walkthrough.py", cwd=ROOT, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert out.decode().splitlines()[-2:] == ["Removed 50 lines.", "2 model requests, 51 tool calls, each an activity"]
