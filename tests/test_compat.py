@@ -77,6 +77,13 @@ def test_the_tool_usage_envelope_is_pinned() -> None:
     assert split_usage(read) == ({"a": 1}, RunUsage(requests=1, input_tokens=9))
 
 
+def test_the_child_run_names_are_pinned() -> None:
+    # A child run's id, the signal it sends its parent and the tool metadata naming its agent are history.
+    assert _names.child_run_id("search-1", "call_0.2") == "search-1/call_0.2"
+    assert _names.CHILD_APPROVALS_SIGNAL == "durable-codemode.child_approvals"
+    assert _names.CHILD_RUN_METADATA == "codemode_child_run"
+
+
 def test_call_digest_is_canonical_and_sensitive() -> None:
     digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
     assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order

@@ -143,6 +143,11 @@ def shop_agent() -> CodeModeAgent:
 DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     # docs/agents.md, deps that hold connections: the balance the tool read through the worker's connection.
     "What is my balance?": ("await customer_balance()", lambda result: f"Your balance is {result['result']}."),
+    # docs/agents.md, a sub-agent as a child run: the search run asks the extraction run, which lists the flights.
+    "Which flight is cheapest: AK123 at $350 or LA101 at $250?": (
+        "await ask_extraction(prompt='AK123 at $350 or LA101 at $250')",
+        lambda result: f"The flights: {result['result']}."),
+    "AK123 at $350 or LA101 at $250": ("['AK123 $350', 'LA101 $250']", lambda result: ", ".join(result["result"])),
     # docs/agents.md, per-run deps: the ticket's id shows the tool saw the run's tenant.
     "What is open?": ("await open_tickets()", lambda result: f"Open: {', '.join(result['result'])}."),
     # docs/agents.md, structured output: the final answer by the output tool, from the program's result.

@@ -136,6 +136,10 @@ class ToolSpec:
     """`ToolOptions.batch`: a program's calls to it in flight at once run as one batch activity (`BatchInput`).
     Recorded, so a run's batching never follows the worker's current config: runs recorded before the field read
     `False` and replay with one activity per call, as they ran."""
+    child_run: str | None = None
+    """The agent a call of this tool runs as a child run (`child_run_tool`): a workflow of its own, started by the
+    run, whose output is the call's result and whose usage counts in the run's. `None`: an activity, as every tool
+    of runs recorded before the field."""
 
 
 @dataclass(kw_only=True)

@@ -47,7 +47,7 @@ from .._config import CatalogSettings, SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError, GuardrailError
 from .._files import RunFiles
 from .._models import build_model
-from .._names import RUN_CODE_TOOL, tool_activity_type
+from .._names import CHILD_RUN_METADATA, RUN_CODE_TOOL, tool_activity_type
 from .._results import jsonable
 from .._stubs import (
     deferred_section,
@@ -701,7 +701,8 @@ class CodeModeAgent:
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries, batch=options.batch and in_sandbox,
-                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None))
+                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None,
+                                  child_run=self._child_run(tool.tool_def, options)))
         stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
         catalog = index = deferred = None
@@ -761,6 +762,17 @@ class CodeModeAgent:
         hidden = len(tools) - len(shown)
         return (_catalog_of(tools, own_stubs), stubs_of(shown) if shown else "",
                 deferred_section(hidden, shown=bool(shown)))
+
+    def _child_run(self, tool: ToolDefinition, options: ToolOptions) -> str | None:
+        """The agent a `child_run_tool` starts as a child run, as a run records it (`ToolSpec.child_run`)."""
+        child = (tool.metadata or {}).get(CHILD_RUN_METADATA)
+        if child is None:
+            return None
+        if options.local or options.batch:
+            raise CodeModeUserError(
+                f"tool {tool.name!r} of agent {self.name!r} runs agent {child!r} as a child run, which is a workflow, "
+                "not an activity: drop ToolOptions(local=True) / batch=True for it")
+        return str(child)
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,
                    gated: bool) -> RecordedApproverPolicy | None:

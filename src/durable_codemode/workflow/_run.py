@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalDecision,
         ApprovalRecord,
         BatchDecision,
+        ChildApprovals,
         PendingApproval,
         RejectedDecision,
     )
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         AFTER_RUN_ACTIVITY,
+        CHILD_APPROVALS_SIGNAL,
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         OUTPUT_ACTIVITY,
@@ -88,6 +90,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
     from ._batch import ToolBatcher
+    from ._child_runs import ChildRuns
     from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
@@ -197,6 +200,8 @@ class CodeModeRunWorkflow:
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
         self._files: RunFilesystem | None = None
         self._output_tool_name: str | None = None
+        self._children = ChildRuns()
+        self._started_by: str | None = None
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -211,8 +216,17 @@ class CodeModeRunWorkflow:
 
     @workflow.query(name=PENDING_APPROVALS_QUERY)
     def pending_approvals(self) -> list[PendingApproval]:
-        """The calls waiting for a decision, with their arguments and the program that made them."""
-        return list(self._approvals.pending.values())
+        """The calls waiting for a decision, with their arguments and the program that made them.
+
+        Also the calls its child runs wait on (`child_run_tool`), each with the child's `run_id` to decide it on.
+        """
+        return [*self._approvals.pending.values(), *self._children.waiting()]
+
+    @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
+    def child_approvals(self, news: ChildApprovals) -> None:
+        """A child run's calls waiting for a person, listed by `pending_approvals` (and passed on to our parent)."""
+        self._children.heard(news)
+        self._children.tell_parent(self.pending_approvals())
 
     @workflow.query(name=REJECTED_DECISIONS_QUERY)
     def rejected_decisions(self) -> list[RejectedDecision]:
@@ -228,6 +242,12 @@ class CodeModeRunWorkflow:
 
     @decide.validator
     def _validate_decision(self, decision: ApprovalDecision) -> None:
+        elsewhere = next((p.run_id for p in self._children.waiting() if p.call_id == decision.call_id), None)
+        if elsewhere is not None and decision.call_id not in self._approvals.pending:
+            raise ApplicationError(
+                f"call {decision.call_id!r} waits in child run {elsewhere!r} (a sub-agent this run asked), not in "
+                f"this run: decide it there, decide(client, {elsewhere!r}, {decision.call_id!r}) or `codemode "
+                f"approve {elsewhere} {decision.call_id}`", type="ApprovalRejected", non_retryable=True)
         self._refuse_unless_allowed([decision])
 
     def _refuse_unless_allowed(self, decisions: list[ApprovalDecision]) -> None:
@@ -287,6 +307,7 @@ class CodeModeRunWorkflow:
 
     def _show_details(self) -> None:
         self._progress.show()
+        self._children.tell_parent(self.pending_approvals())  # a child run: its parent lists these calls too
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
@@ -308,6 +329,7 @@ class CodeModeRunWorkflow:
                                 runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
         self._deps = input.deps
+        self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._output_retries = cont.output_retries
@@ -706,6 +728,15 @@ class CodeModeRunWorkflow:
         started = workflow.now()
         status: Any = "ok"
         settled: Settled
+        if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
+            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by)
+            if child is None:
+                assert error is not None
+                settled, status = _raised(error["exc_type"], error["message"]), "error"
+            else:
+                self._usage.incr(child.usage)
+                settled = {"return_value": child.output}
+            return settled, self._record(call_id, tool, args_text, settled, status, started)
         if spec.batch and spec.in_sandbox and approval is None:
             answer = await self._batcher.submit(spec, call_id, args)
             if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
