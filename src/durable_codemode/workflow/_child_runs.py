@@ -77,7 +77,10 @@ class ChildRuns:
         self._told = list(pending)
         handle = workflow.get_external_workflow_handle(parent.workflow_id)
         news = ChildApprovals(run_id=workflow.info().workflow_id, pending=list(pending))
-        self._sends.append(asyncio.ensure_future(handle.signal(CHILD_APPROVALS_SIGNAL, news)))
+        send = asyncio.ensure_future(handle.signal(CHILD_APPROVALS_SIGNAL, news))
+        # A parent that closed meanwhile cannot be told: nothing to do about it, and nothing waits on the send.
+        send.add_done_callback(lambda done: done.cancelled() or done.exception())
+        self._sends.append(send)
 
     async def run(self, spec: ToolSpec, args: dict[str, Any], call_id: str, *,
                   started_by: str | None) -> tuple[RunResult[Any] | None, dict[str, str] | None]:
