@@ -2,6 +2,8 @@
 
 With `TEMPORAL_ADDRESS` set, the worker connects there; otherwise it starts an embedded Temporal dev server
 persisted to `~/.local/share/durable-codemode/dev-server.sqlite` and prints its address. Ctrl-C stops it.
+`CODEMODE_APPROVER_KEYS` and `CODEMODE_APPROVER_DIRECTORY` name the approvers' public keys and groups
+(docs/approvals.md#signed-approvals-from-the-command-line).
 This is `codemode worker`: both call `durable_codemode.cli.serve_bundled_agents`, so there is one
 implementation.
 """

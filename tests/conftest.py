@@ -14,6 +14,13 @@ from temporalio.testing import WorkflowEnvironment
 from durable_codemode import start_dev_server
 
 
+def pytest_report_header() -> str:
+    """Which pydantic-ai release this pass runs on (the test command runs the suite on the newest and the oldest)."""
+    from importlib.metadata import version
+
+    return f"pydantic-ai-slim {version('pydantic-ai-slim')}"
+
+
 @pytest.fixture(scope="session")
 async def env() -> AsyncIterator[WorkflowEnvironment]:
     async with await start_dev_server() as env:

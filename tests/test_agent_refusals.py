@@ -47,6 +47,14 @@ def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() ->
         CodeModeAgent(Agent("test", name="hooked", capabilities=[hooks]))
 
 
+def test_batched_model_requests_are_refused_by_name() -> None:
+    from pydantic_ai.capabilities import BatchModelRequests
+
+    agent = Agent("test", name="batching", capabilities=[BatchModelRequests()])
+    with pytest.raises(CodeModeUserError, match=r"'batching' declares BatchModelRequests \(.*up to a day.*timeout"):
+        CodeModeAgent(agent)
+
+
 def test_deferred_tool_output_is_refused_by_name() -> None:
     agent = Agent("test", name="deferring", output_type=[str, DeferredToolRequests])
     with pytest.raises(CodeModeUserError, match=r"'deferring' declares DeferredToolRequests.*requires_approval"):

@@ -1,8 +1,14 @@
-"""Names recorded in histories and the public API are compatibility data: changing one breaks old runs or users."""
+"""Compatibility data: names recorded in histories, the public API, and what the runtime relies on of pydantic-ai.
+
+Changing a recorded name or the public API breaks old runs or users. pydantic-ai's private names are pinned one
+test per function of `durable_codemode._pydantic_ai` (the one module that touches them), so a new release breaks
+each pin on its own and names the function to change; its public API the runtime builds on is checked after.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -31,6 +37,16 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
     assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
+    # Approvals: update and signal names, and the update id a decision goes under (clients of every release send
+    # it; the validator accepts a decision under an id of this form only if it is that approver's about that call).
+    from durable_codemode import _approvals, _decisions
+
+    assert (_approvals.DECIDE_UPDATE, _approvals.DECIDE_ALL_UPDATE) == ("decide", "decide_all")
+    assert (_approvals.APPROVE_SIGNAL, _approvals.DENY_SIGNAL) == ("approve", "deny")
+    assert (_approvals.PENDING_APPROVALS_QUERY, _approvals.REJECTED_DECISIONS_QUERY) == (
+        "pending_approvals", "rejected_decisions")
+    assert _decisions.decision_update_id("call_1.7", "ana") == "call_1.7 by ana"
+    assert _decisions.decision_update_id("call_1.7", None) == "call_1.7"
 
 
 def test_persisted_payload_shapes_are_pinned() -> None:
@@ -102,82 +118,6 @@ def test_public_api() -> None:
         assert getattr(durable_codemode, name) is not None
 
 
-def test_the_pydantic_ai_surface_we_read_is_there() -> None:
-    """The pydantic-ai attributes `CodeModeAgent` reads (one private), so an upgrade that moves them fails here."""
-    from dataclasses import dataclass
-
-    from pydantic_ai import Agent
-    from pydantic_ai.capabilities import Hooks
-
-    @dataclass
-    class Deps:
-        tenant: str
-
-    plain = Agent("test", deps_type=Deps)
-    assert plain.deps_type is Deps
-    assert plain._output_validators == []
-    assert plain._max_tool_retries == 1 and Agent("test", retries=3)._max_tool_retries == 3
-    assert plain._concurrency_limiter is None and plain._metadata is None and plain._validation_context is None
-    assert Agent("test", validation_context={"unit": "cents"})._validation_context == {"unit": "cents"}
-    built_in = {type(c) for c in plain.root_capability.capabilities}  # type: ignore[attr-defined]
-    hooks = Hooks()
-    hooked = Agent("test", capabilities=[hooks])
-    assert {type(c) for c in hooked.root_capability.capabilities} - built_in == {Hooks}  # type: ignore[attr-defined]
-
-    @hooks.on.before_tool_execute
-    async def log(ctx, *, call, tool_def, args):  # type: ignore[no-untyped-def]
-        return args
-
-    assert [k for k, v in hooks._registry.items() if v] == ["before_tool_execute"]  # what _capabilities reads
-
-
-async def test_the_pydantic_ai_output_surface_we_read_is_there() -> None:
-    """What `CodeModeAgent` reads of pydantic-ai's output processing (private names), so an upgrade fails here."""
-    from pydantic import BaseModel
-    from pydantic_ai import Agent, CallToolsNode, NativeOutput, PromptedOutput
-    from pydantic_ai._output import types_from_output_spec
-    from pydantic_ai.messages import ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
-    from pydantic_ai.models.function import AgentInfo, FunctionModel
-    from pydantic_graph import End
-
-    class Answer(BaseModel):
-        n: int
-
-    for spec, mode in [(Answer, "auto"), (NativeOutput(Answer), "native"), (PromptedOutput(Answer), "prompted")]:
-        schema = Agent("test", output_type=spec)._output_schema
-        assert schema.mode == mode
-        assert schema.object_def is not None and isinstance(schema.allows_text, bool)
-        assert isinstance(schema.allows_image, bool) and not schema.allows_deferred_tools
-        assert not schema.allows_pending_model_response
-    assert isinstance(Agent("test", output_type=PromptedOutput(Answer))._output_schema.template, str | None)
-    assert types_from_output_spec([Answer, str]) == [Answer, str]
-
-    # A probe run's state and step tool manager: the output retry count is set on both before the step runs.
-    def answer(messages: list[object], info: AgentInfo) -> ModelResponse:
-        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {"n": 1})])
-
-    agent = Agent(FunctionModel(answer), output_type=Answer)
-    async with agent.iter(message_history=[ModelRequest(parts=[UserPromptPart("hi")])]) as run:
-        assert run.ctx.state.output_retries_used == 0
-        node = run.next_node
-        while not isinstance(node, End):
-            if isinstance(node, CallToolsNode):
-                manager = run.ctx.deps.tool_manager
-                assert manager.tools is not None and manager.ctx is not None
-                assert {t.tool_def.kind for t in manager.tools.values()} == {"output"}
-                assert isinstance(manager.ctx.retries, dict)
-            node = await run.next(node)
-    assert run.result is not None and run.result.output == Answer(n=1)
-
-
-def test_the_output_retry_budget_we_read_is_there() -> None:
-    """`request_step` caps a model hook's retries with the agent's output budget (a private attribute)."""
-    from pydantic_ai import Agent
-
-    assert Agent("test", retries={"output": 4})._max_output_retries == 4
-    assert Agent("test", retries=2)._max_output_retries == 2
-
-
 def test_the_pydantic_ai_model_resolution_we_read_is_there(monkeypatch: pytest.MonkeyPatch) -> None:
     """`_models` knows providers by name without building one, and reads a missing key's variable from the message."""
     from pydantic_ai.exceptions import UserError
@@ -214,143 +154,6 @@ def test_the_pydantic_monty_surface_we_read_is_there() -> None:
     assert "request_timeout" in inspect.signature(Monty).parameters
 
 
-async def test_the_pydantic_ai_capability_surface_we_call_is_there() -> None:
-    """What `_capabilities` calls to run hooks where `agent.run()` runs them (private names pinned).
-
-    An upgrade that moves one fails here instead of silently skipping a hook.
-    """
-    import inspect
-    from contextvars import ContextVar
-
-    from pydantic_ai import Agent
-    from pydantic_ai._utils import Some
-    from pydantic_ai.capabilities import (
-        AbstractCapability,
-        CombinedCapability,
-        Hooks,
-        ProcessHistory,
-        WrapperCapability,
-    )
-    from pydantic_ai.exceptions import SkipModelRequest
-    from pydantic_ai.messages import RetryFeedbackPart, RetryInfo
-    from pydantic_ai.models import ModelRequestContext
-
-    from durable_codemode.worker._capabilities import APPLIED_HOOKS, REFUSED_HOOKS, _hook_names
-
-    # Every hook of AbstractCapability is either applied or refused with a reason (a new hook fails here).
-    unaccounted = _hook_names() - APPLIED_HOOKS - set(REFUSED_HOOKS)
-    assert not unaccounted, sorted(unaccounted)
-    # The hook signatures `request_through_hooks` and `_Quiet` call and override.
-    signatures = {name: list(inspect.signature(getattr(AbstractCapability, name)).parameters) for name in (
-        "before_model_request", "prepare_model_request", "after_model_request", "wrap_model_request",
-        "on_model_request_error", "before_run", "after_run", "wrap_run", "on_run_error")}
-    assert signatures == {
-        "before_model_request": ["self", "ctx", "request_context"],
-        "prepare_model_request": ["self", "ctx", "request_context"],
-        "after_model_request": ["self", "ctx", "request_context", "response"],
-        "wrap_model_request": ["self", "ctx", "request_context", "handler"],
-        "on_model_request_error": ["self", "ctx", "request_context", "error"],
-        "before_run": ["self", "ctx"],
-        "after_run": ["self", "ctx", "result"],
-        "wrap_run": ["self", "ctx", "handler"],
-        "on_run_error": ["self", "ctx", "error"],
-    }
-    assert [f for f in ("model", "messages", "model_settings", "model_request_parameters")
-            if f not in ModelRequestContext.__dataclass_fields__] == []
-    assert SkipModelRequest.__init__ is not Exception.__init__ and RetryFeedbackPart and RetryInfo
-    assert issubclass(ProcessHistory, AbstractCapability) and "before_model_request" in vars(ProcessHistory)
-    # The override slot `probing` sets (private): a ContextVar of `Some(CombinedCapability)` that runs read.
-    agent = Agent("test", capabilities=[Hooks()])
-    assert isinstance(agent._override_root_capability, ContextVar)
-    assert agent._effective_root_capability() is agent.root_capability  # type: ignore[attr-defined]
-    quiet = CombinedCapability(list(agent.root_capability.capabilities))
-    token = agent._override_root_capability.set(Some(quiet))
-    assert agent._effective_root_capability() is quiet  # type: ignore[attr-defined]
-    agent._override_root_capability.reset(token)
-    assert WrapperCapability.__dataclass_fields__["wrapped"]
-    # The attempt loop `_attempts` mirrors (private): its cap and pydantic-ai's record of the attempts moved on from.
-    from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
-    from pydantic_ai._fallback import AttemptLog
-    from pydantic_ai._model_request_attempts import AttemptStart
-    from pydantic_ai.capabilities import ModelFallback
-    from pydantic_ai.exceptions import FallbackExceptionGroup, RetryModelRequest
-    from pydantic_ai.messages import ModelResponse, TextPart
-
-    assert isinstance(MAX_MODEL_REQUEST_ATTEMPTS, int) and MAX_MODEL_REQUEST_ATTEMPTS > 1
-    assert list(inspect.signature(AttemptLog.record).parameters)[:6] == [
-        "self", "model", "failure", "start", "parent", "tracer"]
-    log = AttemptLog()
-    log.record(Agent("test").model, RuntimeError("down"), AttemptStart(), parent=None, tracer=None)  # type: ignore[arg-type]
-    answered = log.attach(ModelResponse(parts=[TextPart("ok")]))
-    assert [(a.outcome, a.error) for a in answered.failed_attempts or []] == [("error", "RuntimeError: down")]
-    assert {"attempt", "model_id"} <= set(ModelRequestContext.__dataclass_fields__)
-    assert RetryModelRequest("test").model == "test" and issubclass(FallbackExceptionGroup, ExceptionGroup)
-    # The capabilities' model settings `_settings` layers between the agent's and the run's (private).
-    from pydantic_ai.capabilities import Thinking
-    assert Agent("test", capabilities=[Thinking("high")])._cap_model_settings == {"thinking": "high"}
-    # The result `CodeModeAgent.after_run` builds for after_run hooks (private state).
-    from pydantic_ai import AgentRunResult
-    from pydantic_ai._agent_graph import GraphAgentState
-    from pydantic_ai.messages import ModelRequest, UserPromptPart
-    from pydantic_ai.usage import RunUsage
-    history = [ModelRequest(parts=[UserPromptPart("hi")]), ModelResponse(parts=[TextPart("ok")])]
-    built = AgentRunResult(output="ok", _state=GraphAgentState(message_history=history, usage=RunUsage(requests=1)))
-    assert (built.output, built.all_messages(), built.usage.requests) == ("ok", history, 1)
-    assert ModelFallback("test").models == ["test"] and ModelFallback("test").for_agent(agent).get_model() is None
-
-
-async def test_the_pydantic_ai_instrumentation_surface_we_call_is_there() -> None:
-    import inspect
-    from dataclasses import fields
-
-    from pydantic_ai import Agent, RunContext
-    from pydantic_ai.capabilities import AbstractCapability, Instrumentation
-    from pydantic_ai.models.instrumented import InstrumentationSettings
-
-    # `instrumentation_of` reads what `Agent.iter` resolves (private): the agent's `instrument`, else the default.
-    agent = Agent("test")
-    assert agent._resolve_instrumentation_settings() is None
-    settings = InstrumentationSettings()
-    agent.instrument = settings
-    assert agent._resolve_instrumentation_settings() is settings
-    agent.instrument = True
-    assert isinstance(agent._resolve_instrumentation_settings(), InstrumentationSettings)
-    # `instrumented_context` copies these settings onto the run context, as `Agent.iter` does.
-    assert {"tracer", "include_content", "version"} <= set(vars(settings))
-    assert {"tracer", "trace_include_content", "instrumentation_version", "run_id"} <= {
-        f.name for f in fields(RunContext)}
-    # The capability: built from settings, bound per run by `for_run`, spans made by its model-request and run hooks.
-    instrumentation = Instrumentation(settings=settings)
-    assert "for_run" in vars(Instrumentation) and inspect.iscoroutinefunction(Instrumentation.for_run)
-    for hook in ("wrap_run", "wrap_model_request", "wrap_tool_execute"):
-        assert getattr(Instrumentation, hook) is not getattr(AbstractCapability, hook), hook
-    assert instrumentation.settings is settings
-
-
-async def test_the_pydantic_ai_toolset_surface_we_read_is_there() -> None:
-    from pydantic_ai import Agent, RunContext
-    from pydantic_ai.agent import _build_run_capabilities
-    from pydantic_ai.capabilities import Toolset, WrapperCapability
-    from pydantic_ai.mcp import MCPToolset
-    from pydantic_ai.toolsets import DynamicToolset, FunctionToolset
-
-    # `registered_capabilities`: a capability's toolset finds its owner in `ctx.capabilities`, keyed as registered.
-    owned = Toolset(FunctionToolset([]))
-    agent = Agent("test", capabilities=[owned])
-    assert owned in _build_run_capabilities(agent.root_capability).values()
-    # `_unsupported_toolsets`: a dynamic toolset's factory and whether it is rebuilt per step; an MCP server's
-    # per-run auth/headers.
-    def factory(ctx: RunContext[None]) -> None:
-        return None
-
-    dynamic = DynamicToolset(factory, per_run_step=False)
-    assert dynamic.toolset_func is factory and dynamic.per_run_step is False
-    assert MCPToolset("http://localhost:9/mcp", headers=lambda ctx: {})._resolves_per_run is True
-    assert MCPToolset("http://localhost:9/mcp", headers={"a": "b"})._resolves_per_run is False
-    # `_hooks_of` tells a wrapper's own overrides from WrapperCapability's delegation.
-    assert "get_toolset" in vars(WrapperCapability) and "before_tool_execute" in vars(WrapperCapability)
-
-
 def test_the_pydantic_ai_native_tool_surface_we_record_is_there() -> None:
     from pydantic import TypeAdapter
     from pydantic_ai.capabilities import NativeOrLocalTool
@@ -367,17 +170,237 @@ def test_the_pydantic_ai_native_tool_surface_we_record_is_there() -> None:
     assert NativeOrLocalTool(native=WebSearchTool(), local=False).get_toolset() is None
 
 
-async def test_the_pydantic_ai_tool_search_surface_we_read_is_there() -> None:
-    from pydantic_ai import Agent, RunContext, Tool
-    from pydantic_ai.capabilities import ToolSearch
+
+# -- pydantic-ai's private names: one pin per function of `durable_codemode._pydantic_ai` --------------------------
+# Each test exercises one seam function on the installed pydantic-ai and checks the one thing the runtime relies on;
+# a release that moves the private name fails that test alone, and its message names the function to change.
+
+
+def _change(function: str) -> str:
+    from durable_codemode._pydantic_ai import PRIVATE_NAMES
+
+    private, public = PRIVATE_NAMES[function]
+    return (f"pydantic-ai moved {private}: change durable_codemode._pydantic_ai.{function} (by feature detection, "
+            f"keeping the releases already supported); the public API that would replace it: {public}")
+
+
+def _scripted_agent(**options: Any) -> Any:
+    from pydantic_ai import Agent
     from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
     from pydantic_ai.models.function import AgentInfo, FunctionModel
-    from pydantic_ai.native_tools._tool_search import ToolSearchTool
 
-    # `unsupported_tool_search`: the ToolSearch every agent has equals a bare one; any setting makes it differ.
-    assert ToolSearch() == ToolSearch() and ToolSearch(strategy="keywords") != ToolSearch()
-    # `_provider_tools`: a deferred tool makes ToolSearch add an optional ToolSearchTool to the request, and
-    # `describe` reads prepared deferred tools from the request's parameters (the model's list leaves them out).
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("done")])
+
+    return Agent(FunctionModel(answer), **options)
+
+
+def test_every_private_name_has_a_pin() -> None:
+    from durable_codemode import _pydantic_ai
+
+    pinned = {name.removeprefix("test_pin_") for name in globals() if name.startswith("test_pin_")}
+    assert set(_pydantic_ai.PRIVATE_NAMES) == pinned == set(_pydantic_ai.__all__) - {"PRIVATE_NAMES", "AgentSettings"}
+
+
+async def test_pin_override_root_capability() -> None:
+    from pydantic_ai.capabilities import Hooks
+
+    from durable_codemode._pydantic_ai import override_root_capability
+
+    seen: list[str] = []
+    own, other = Hooks(), Hooks()
+    own.on.before_run(lambda ctx: seen.append("own"))
+    other.on.before_run(lambda ctx: seen.append("override"))
+    agent = _scripted_agent(capabilities=[own])
+    with override_root_capability(agent, [*[c for c in agent.root_capability.capabilities if c is not own], other]):
+        await agent.run("go")
+    await agent.run("go")
+    assert seen == ["override", "own"], _change("override_root_capability")
+
+
+async def test_pin_start_step() -> None:
+    from pydantic_ai import ModelRequestNode
+    from pydantic_ai.capabilities import Hooks
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    from durable_codemode._pydantic_ai import start_step
+
+    seen: list[tuple[int, int]] = []
+    hooks = Hooks()
+
+    @hooks.on.before_model_request
+    async def record(ctx: Any, request_context: Any) -> Any:
+        seen.append((ctx.run_step, ctx.retry))
+        return request_context
+
+    agent = _scripted_agent(capabilities=[hooks], retries={"output": 5})
+    async with agent.iter(None, message_history=[ModelRequest(parts=[UserPromptPart("go")])]) as run:
+        node = await run.next(run.next_node)
+        assert isinstance(node, ModelRequestNode)
+        start_step(run, run_step=4, output_retries=2)
+        await run.next(node)
+    assert seen == [(4, 2)], _change("start_step")
+
+
+def test_pin_registered_hooks() -> None:
+    from pydantic_ai.capabilities import Hooks
+
+    from durable_codemode._pydantic_ai import registered_hooks
+
+    hooks = Hooks()
+    hooks.on.before_tool_execute(lambda ctx, *, call, tool_def, args: args)
+    assert registered_hooks(hooks) == {"before_tool_execute"}, _change("registered_hooks")
+
+
+def test_pin_run_capabilities() -> None:
+    from pydantic_ai.capabilities import Toolset
+    from pydantic_ai.toolsets import FunctionToolset
+
+    from durable_codemode._pydantic_ai import run_capabilities
+
+    owned = Toolset(FunctionToolset([]))
+    assert owned in run_capabilities(_scripted_agent(capabilities=[owned])).values(), _change("run_capabilities")
+
+
+def test_pin_instrumentation_settings() -> None:
+    from pydantic_ai.models.instrumented import InstrumentationSettings
+
+    from durable_codemode._pydantic_ai import instrumentation_settings
+
+    plain, instrumented = _scripted_agent(), _scripted_agent()
+    settings = InstrumentationSettings()
+    instrumented.instrument = settings
+    assert (instrumentation_settings(plain), instrumentation_settings(instrumented)) == (None, settings), \
+        _change("instrumentation_settings")
+
+
+def test_pin_agent_run_result() -> None:
+    from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, UserPromptPart
+    from pydantic_ai.usage import RunUsage
+
+    from durable_codemode._pydantic_ai import agent_run_result
+
+    history = [ModelRequest(parts=[UserPromptPart("hi")]), ModelResponse(parts=[TextPart("ok")])]
+    built = agent_run_result("ok", history, RunUsage(requests=1))
+    assert (built.output, built.all_messages(), built.usage.requests) == ("ok", history, 1), \
+        _change("agent_run_result")
+
+
+def test_pin_output_types() -> None:
+    from pydantic import BaseModel
+    from pydantic_ai import NativeOutput
+
+    from durable_codemode._pydantic_ai import output_types
+
+    class Answer(BaseModel):
+        n: int
+
+    def to_int(text: str) -> int:
+        return int(text)
+
+    assert output_types([NativeOutput(Answer), str]) == [Answer, str] and output_types(to_int) == [int], \
+        _change("output_types")
+
+
+def test_pin_agent_settings() -> None:
+    from durable_codemode._pydantic_ai import AgentSettings, agent_settings
+
+    plain = _scripted_agent()
+    configured = _scripted_agent(retries={"output": 4, "tools": 3}, metadata={"team": "a"}, max_concurrency=2)
+    configured.output_validator(lambda output: output)
+    assert (agent_settings(plain), agent_settings(configured)) == (
+        AgentSettings(tool_retries=1, output_retries=1, has_output_validators=False, has_metadata=False,
+                      has_concurrency_limit=False),
+        AgentSettings(tool_retries=3, output_retries=4, has_output_validators=True, has_metadata=True,
+                      has_concurrency_limit=True)), _change("agent_settings")
+
+
+def test_pin_resolves_per_run() -> None:
+    from pydantic_ai.mcp import MCPToolset
+
+    from durable_codemode._pydantic_ai import resolves_per_run
+
+    per_run = MCPToolset("http://localhost:9/mcp", headers=lambda ctx: {})
+    fixed = MCPToolset("http://localhost:9/mcp", headers={"a": "b"})
+    assert (resolves_per_run(per_run), resolves_per_run(fixed)) == (True, False), _change("resolves_per_run")
+
+
+# -- pydantic-ai's public API the runtime builds on: an early warning, one concern per test ------------------------
+
+
+def test_every_capability_hook_is_applied_or_refused_by_name() -> None:
+    from durable_codemode.worker._capabilities import APPLIED_HOOKS, REFUSED_HOOKS, _hook_names
+
+    unaccounted = _hook_names() - APPLIED_HOOKS - set(REFUSED_HOOKS)
+    assert not unaccounted, (f"pydantic-ai has capability hooks durable-codemode neither applies nor refuses: "
+                             f"{sorted(unaccounted)}; add each to APPLIED_HOOKS (where a durable run calls it) or "
+                             "REFUSED_HOOKS (with why) in durable_codemode/worker/_capabilities.py")
+
+
+def test_the_hook_signatures_the_masks_override_are_there() -> None:
+    """`_Quiet` and the model step's `_StepCapability` override these hooks with these parameters."""
+    import inspect
+
+    from pydantic_ai.capabilities import AbstractCapability
+
+    from durable_codemode.worker._capabilities import _Quiet
+    from durable_codemode.worker._model_step import _StepCapability
+
+    def parameters(function: Any) -> list[str]:
+        return list(inspect.signature(function).parameters)
+
+    mismatched = [f"{mask.__name__}.{name}" for mask in (_Quiet, _StepCapability) for name in vars(mask)
+                  if hasattr(AbstractCapability, name) and not name.startswith("_")
+                  and parameters(getattr(mask, name)) != parameters(getattr(AbstractCapability, name))]
+    assert not mismatched, f"pydantic-ai changed these hooks' parameters; change the masks' overrides: {mismatched}"
+
+
+def test_the_agent_override_and_iter_parameters_the_model_step_passes_are_there() -> None:
+    import inspect
+
+    from pydantic_ai import Agent
+
+    missing = ({"toolsets", "tools", "native_tools", "instructions"} - set(inspect.signature(Agent.override).parameters)
+               ) | ({"message_history", "model", "deps", "model_settings", "usage", "run_id", "conversation_id"}
+                    - set(inspect.signature(Agent.iter).parameters))
+    assert not missing, f"worker/_model_step.py passes these, which pydantic-ai no longer takes: {missing}"
+
+
+def test_the_recorded_tools_are_a_toolset_pydantic_ai_offers() -> None:
+    """`RecordedTools` builds `ToolsetTool`s with these fields (the model step offers them as recorded)."""
+    import dataclasses
+
+    from pydantic_ai.toolsets.abstract import ToolsetTool
+
+    assert {"toolset", "tool_def", "max_retries", "args_validator"} <= {f.name for f in dataclasses.fields(ToolsetTool)}
+
+
+def test_the_run_context_fields_the_worker_sets_are_there() -> None:
+    from pydantic_ai import RunContext
+
+    fields = {f.name for f in dataclasses.fields(RunContext)}
+    missing = {"deps", "model", "usage", "agent", "tool_name", "tool_call_id", "retry", "retries", "max_retries",
+               "run_id", "conversation_id", "capabilities", "validation_context", "discovered_tool_names", "tracer",
+               "trace_include_content", "instrumentation_version", "messages", "prompt", "run_step",
+               "model_settings"} - fields
+    assert not missing, f"CodeModeAgent._run_context and instrumented_context set these RunContext fields: {missing}"
+
+
+def test_the_model_selection_context_the_selector_gets_is_there() -> None:
+    from pydantic_ai.models import ModelSelectionContext
+    from pydantic_ai.usage import RunUsage
+
+    ctx = ModelSelectionContext(agent=_scripted_agent(), deps=None, model=None, run_step=2, prompt="go", messages=[],
+                                usage=RunUsage(), retry=1, max_retries=3, run_id="wf")
+    assert (ctx.run_step, ctx.retry, ctx.max_retries, ctx.run_id) == (2, 1, 3, "wf")
+
+
+async def test_tool_search_is_told_by_its_public_kind() -> None:
+    """`_provider_tools` leaves out pydantic-ai's optional `ToolSearchTool` (not exported) by its `kind`."""
+    from pydantic_ai import Agent, Tool
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
     seen: list[AgentInfo] = []
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -390,53 +413,11 @@ async def test_the_pydantic_ai_tool_search_surface_we_read_is_there() -> None:
     await Agent(FunctionModel(model), tools=[Tool(hidden, defer_loading=True)]).run("go")
     parameters = seen[0].model_request_parameters
     assert [t.name for t in parameters.function_tools] == ["hidden"] and seen[0].function_tools == []
-    assert next(t for t in parameters.native_tools if isinstance(t, ToolSearchTool)).optional is True
-    # `call_through_hooks`: a deferred tool is callable once its name is among the discovered ones.
-    assert "discovered_tool_names" in {f.name for f in dataclasses.fields(RunContext)}
+    assert [(t.kind, t.optional) for t in parameters.native_tools] == [("tool_search", True)]
 
 
-def test_the_pydantic_ai_model_selection_surface_we_call_is_there() -> None:
-    from pydantic_ai import Agent
-    from pydantic_ai.capabilities import CombinedCapability, SelectModel
-    from pydantic_ai.models import ModelSelectionContext
-    from pydantic_ai.usage import RunUsage
+def test_system_prompt_parts_keep_their_ref() -> None:
+    from pydantic_ai.messages import SystemPromptPart
 
-    # `model_selector`: SelectModel contributes its selector as its model; of several, the last one given wins.
-    def first(ctx: ModelSelectionContext[None]) -> str:
-        return "test"
-
-    def last(ctx: ModelSelectionContext[None]) -> str:
-        return "test"
-
-    assert SelectModel(first).get_model() is first
-    assert CombinedCapability([SelectModel(first), SelectModel(last)]).get_model() is last
-    # `_selected_model` builds the context with these fields.
-    agent = Agent("test")
-    ctx = ModelSelectionContext(agent=agent, deps=None, model=None, run_step=2, prompt="go", messages=[],
-                                usage=RunUsage(), retry=1, max_retries=3, run_id="wf")
-    assert (ctx.run_step, ctx.retry, ctx.max_retries, ctx.run_id) == (2, 1, 3, "wf")
-    assert isinstance(agent._max_output_retries, int)
-
-
-def test_the_pydantic_ai_message_preparation_we_call_is_there() -> None:
-    from pydantic_ai.messages import (
-        ModelRequest,
-        RetryFeedbackPart,
-        RetryInfo,
-        SystemPromptPart,
-        UserPromptPart,
-        _clean_message_history,
-    )
-    from pydantic_ai.models import ModelRequestParameters
-    from pydantic_ai.models.test import TestModel
-
-    # `send`: consecutive requests are merged, and the raw retry part becomes the user text providers are sent.
-    history = [ModelRequest(parts=[UserPromptPart("go")]),
-               ModelRequest(parts=[RetryFeedbackPart("try again", retry=RetryInfo("no_output"))])]
-    cleaned = _clean_message_history(list(history), repair_last_response=True)
-    assert len(cleaned) == 1
-    prepared = TestModel().prepare_messages(cleaned, ModelRequestParameters())
-    assert not [p for m in prepared if isinstance(m, ModelRequest) for p in m.parts if isinstance(p, RetryFeedbackPart)]
-    # `describe` records system prompts with their ref and context id (`DynamicPrompt`).
     part = SystemPromptPart("x", dynamic_ref="f", context_id="system_prompt:f")
     assert (part.dynamic_ref, part.context_id) == ("f", "system_prompt:f")

@@ -297,6 +297,16 @@ async def test_approval_rules_come_from_the_worker_module(client: Client, tmp_pa
     assert rc == 0 and "ok, 1 model turn, 1 snippet, 2 nested calls" in out, (out, err)
     rc, out, err = await codemode("trace", "--history", str(file), "--worker", "tests._rules_worker")
     assert rc == 0 and "call_0.1" in out and "pending  line 2" in out, (out, err)
+    # The check before a deploy says the same of every recent run: exit 2 without the rules, as the README says.
+    for _ in range(100):  # visibility is eventually consistent
+        if any(r.workflow_id == handle.id for r in await list_runs(client, query=f"TaskQueue = '{tq}'")):
+            break
+        await asyncio.sleep(0.1)
+    recent = ("replay", "--all", "--query", f"TaskQueue = '{tq}'")
+    rc, out, err = await codemode(*recent, address=address(client))
+    assert rc == 2 and "1 runs: 0 replayed cleanly" in out and "1 not replayed (need --worker MODULE)" in out, err
+    rc, out, err = await codemode(*recent, "--worker", "tests._rules_worker", address=address(client))
+    assert rc == 0 and "1 runs: 1 replayed cleanly" in out, (out, err)
 
 
 async def test_an_exported_chain_replays_from_the_file_with_no_server(client: Client, tmp_path: Path) -> None:

@@ -81,9 +81,10 @@ README_COMMANDS = """\
 # Install and run the demo: an agent run on an embedded Temporal dev server, driven by the bundled scripted model
 python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/codemode demo
 
-# Run the tests (a real Temporal dev server, real Monty, real SQLite; the model is scripted)
-python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest
-"""
+# Run the tests (a real Temporal dev server, real Monty, real SQLite; the model is scripted), on the newest
+# pydantic-ai, then again on the oldest release supported (in a second venv, .venv-oldest)
+python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest && .venv/bin/python -m tests.on_oldest_pydantic_ai
+"""  # noqa: E501 (the README's command, one line to copy)
 """The README's first block, exactly: a newcomer's two commands."""
 
 
@@ -419,6 +420,10 @@ def check_command(command: list[str]) -> None:
         if args[:2] == ["-m", "pytest"]:
             paths = [a for a in args[2:] if not a.startswith("-")]
             assert all((ROOT / p).exists() for p in paths), f"`{text}` names a test file that does not exist"
+            return
+        if args[0] == "-m":  # a module of this repository (`python -m tests.on_oldest_pydantic_ai`)
+            module = ROOT / (args[1].replace(".", "/") + ".py")
+            assert module.is_file(), f"`{text}`: there is no module {args[1]} in the repository"
             return
         if args[0] == "-c":
             done = subprocess.run([sys.executable, "-c", args[1]], capture_output=True, timeout=30, check=False)

@@ -2,8 +2,9 @@
 
 Shared by clients (who list and decide), workflow code (`workflow/_approval_state.py` holds a run's pending
 calls and decisions) and history readers. Decisions:
-- the update `decide` is validated: an unknown, already decided or expired call id is an error returned to the
-  caller and never written to history; the call id serves as the update id, so repeating a decision is harmless;
+- the update `decide` is validated: an unknown, already decided or expired call id, or a malformed field
+  (`_decisions`), is an error returned to the caller and never written to history; its update id is
+  `<call id> by <approver>`, so repeating a decision is harmless, and no one else may use that id;
 - the signals `approve` / `deny` are for fire-and-forget senders: an invalid one is recorded and ignored, never
   raised (a signal handler that raises wedges the run in task retries);
 - the update `decide_all` decides every pending call at once.

@@ -7,6 +7,8 @@ CodeModeError
 ├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
 ├── GuardrailError           a capability's before_run hook stopped a run at its start (the hook's error is the cause)
 ├── RunNotFoundError         no run with that id on the server
+├── RunClosedError           a decision sent to a run that has ended (it says how it ended)
+├── DecisionConflictError    the run answered a decision with another decision's record: this one was not recorded
 ├── WorkerUnavailableError   no worker answered for a run in time (a query or a decision)
 └── TransientToolError       raised by a tool: retry me within the tool's retry policy
 ```
@@ -15,12 +17,17 @@ A tool's own exceptions are not wrapped: they reach the model's program as excep
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 __all__ = [
     "AgentNotFoundError",
     "CodeModeError",
     "CodeModeUserError",
+    "DecisionConflictError",
     "GuardrailError",
     "InvalidRunInputError",
+    "RunClosedError",
     "RunFailedError",
     "RunNotFoundError",
     "TransientToolError",
@@ -83,6 +90,43 @@ class RunNotFoundError(CodeModeUserError):
         super().__init__(f"no run with id {workflow_id!r} on the Temporal server at {address}: check the id "
                          "(`codemode runs` lists recent runs) and TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE")
         self.workflow_id = workflow_id
+
+
+class RunClosedError(CodeModeUserError):
+    """A decision (or another update) was sent to a run that has ended; nothing was recorded.
+
+    `status` is how it ended (`completed`, `failed`, `terminated`, `cancelled`, `timed out`), `closed_at` when;
+    `during`: it closed while the decision was being taken (Temporal aborted the update), so whether it was recorded
+    first is for its audit trail to say.
+    """
+
+    def __init__(self, workflow_id: str, status: str, closed_at: datetime | None, *, during: bool = False) -> None:
+        when = f" at {closed_at:%Y-%m-%d %H:%M:%S %Z}".rstrip() if closed_at else ""
+        how = {"terminated": "was terminated", "cancelled": "was cancelled"}.get(status, status)
+        if during:
+            message = (f"run {workflow_id!r} closed while this decision was being taken: it {how}{when}; whether the "
+                       f"decision was recorded first, `codemode audit {workflow_id}` shows")
+        else:
+            message = (f"run {workflow_id!r} is closed: it {how}{when}, so it takes no decision (`codemode audit "
+                       f"{workflow_id}` shows the decisions it recorded; `codemode trace {workflow_id}` the run)")
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.status = status
+        self.closed_at = closed_at
+
+
+class DecisionConflictError(CodeModeError):
+    """The run answered a decision with the record of another one, so this decision was not recorded.
+
+    Temporal returns an update id's first outcome to every later update under that id: a decision sent again
+    with a different verdict or note gets the first one back (a recorded decision stands), and an id taken by
+    another update (before update ids were bound to their approver) gets that update's outcome. `record` is what
+    the run holds under the id (`None`: not a decision's record at all).
+    """
+
+    def __init__(self, message: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 class WorkerUnavailableError(CodeModeUserError):

@@ -9,11 +9,13 @@ that tells the model how much was cut and what to do about it.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "jsonable", "one_line", "preview"]
+__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "code_lines", "jsonable", "one_line", "preview",
+           "printable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -107,3 +109,58 @@ def one_line(value: Any) -> str:
 def clip(text: str, limit: int) -> str:
     """`text` cut to `limit` characters, an ellipsis last if it was cut."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+def code_lines(code: str) -> list[str]:
+    """A program's lines as its line numbers count them (Python's line ends: CRLF, CR, LF).
+
+    Not `str.splitlines()`, which also breaks at form feeds, file separators and U+2028: a program holding one
+    would be drawn with its lines numbered past the line a call or an error names.
+    """
+    return _LINE_END.split(code)
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""What a terminal may act on instead of showing: C0 controls (ESC starts a cursor or erase sequence, CR returns
+to the start of the line, BEL rings), DEL, C1 controls (0x9b is a one-byte CSI), the line and paragraph
+separators, and the bidirectional overrides that reorder what is shown (Trojan Source)."""
+
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def _escape_json(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def printable(text: str, *, lines: bool = False, json: bool = False) -> str:
+    r"""`text` as a person may read it in a terminal: every character a terminal would act on is escaped.
+
+    The one place untrusted text (approver names, notes, call ids, a program's source, arguments, tool results,
+    failure messages) passes on its way to a screen, so none of it can move the cursor, erase a line, recolour
+    the screen or start a new line that looks like the command's own (a forged "approved by bob" entry).
+    Control characters become `\x1b`, `\n`, `\r`, `\t`; separators and bidirectional overrides
+    `\u202e`. Backslashes are left alone, so escaping twice changes nothing.
+
+    Args:
+        text: Any text.
+        lines: Keep `\n` as a line break: for text whose lines are the command's own (a rendered tree, a
+            model's multi-line answer). Untrusted single values must not use it: their newlines are escaped.
+        json: `text` is a JSON document: escape as `\u001b`, valid inside a JSON string, and keep the
+            document's line breaks (an encoder has escaped those inside strings already), so the output is
+            still JSON with the same value.
+
+    """
+    if json:
+        return "\n".join(_UNSAFE.sub(_escape_json, line) for line in text.split("\n"))
+    if lines:
+        return "\n".join(_UNSAFE.sub(_escape, line) for line in text.split("\n"))
+    return _UNSAFE.sub(_escape, text)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +22,7 @@ from typing import Any
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from ._decisions import approver_name_problem
 from ._errors import CodeModeUserError
 
 __all__ = ["ApproverKey", "ApproverKeyring", "b64", "signing_payload", "unb64"]
@@ -84,6 +85,9 @@ class ApproverKeyring:
                 raise CodeModeUserError(f"cannot read the approver keys {str(source)!r}: {e.strerror or e}") from e
             except ValueError as e:
                 raise CodeModeUserError(f"the approver keys {str(source)!r} are not JSON: {e}") from e
+        if not isinstance(entries, Mapping):
+            raise CodeModeUserError(f"the approver keys {where!r} must map key ids to entries (what `codemode "
+                                    f"keygen` prints), got a JSON {type(entries).__name__}")
         keys: dict[str, ApproverKey] = {}
         for key_id, entry in dict(entries).items():
             if isinstance(entry, ApproverKey):
@@ -97,7 +101,39 @@ class ApproverKeyring:
                 raise CodeModeUserError(
                     f"entry {key_id!r} of {where} is not an approver key: it needs 'approver' and 'public_key' "
                     f"(what `codemode keygen` prints): {e}") from e
+        for key_id, key in keys.items():
+            problem = approver_name_problem(key.approver)
+            if problem:
+                raise CodeModeUserError(f"entry {key_id!r} of {where}: the approver's name {problem} (decisions "
+                                        "naming it would be refused); make the key again with a plain name")
         return cls(keys)
+
+    @classmethod
+    def of_files(cls, paths: Iterable[str | os.PathLike[str]]) -> ApproverKeyring:
+        """One keyring of the entries of several JSON files (e.g. one `codemode keygen` output per approver).
+
+        Raises:
+            CodeModeUserError: a file cannot be read or is malformed, or two files give one key id different keys.
+
+        """
+        keys: dict[str, ApproverKey] = {}
+        for path in paths:
+            for key_id, key in cls.of(path)._keys.items():
+                known = keys.get(key_id)
+                if known is not None and (known.approver, known.public_key.public_bytes_raw()) != (
+                        key.approver, key.public_key.public_bytes_raw()):
+                    raise CodeModeUserError(f"key id {key_id!r} is given two different keys (the second in "
+                                            f"{str(path)!r}): each key needs its own id")
+                keys[key_id] = key
+        return cls(keys)
+
+    def key_ids(self) -> list[str]:
+        """The ids of the keys this keyring holds, sorted."""
+        return sorted(self._keys)
+
+    def approvers(self) -> list[str]:
+        """The approvers whose keys this keyring holds, sorted."""
+        return sorted({key.approver for key in self._keys.values()})
 
     def __bool__(self) -> bool:
         return bool(self._keys)

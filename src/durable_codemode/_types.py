@@ -260,6 +260,11 @@ class AgentSpec:
     """Whether decisions must be signed by one of the workers' approver keys (`create_worker(approver_keys=...)`);
     `False`: the worker that started the run allowed unsigned ones (`unsigned_approvals=True`), or the run was
     recorded before signing existed. Each decision's record says whether it was signed."""
+    bounded_signals: bool = False
+    """Whether a decision sent by the `approve` / `deny` signals is held to the `decide` update's field rules
+    (`_decisions`: sizes, types, printable approver names) and ignored when it breaks one, as an update is refused.
+    Recorded, since it changes what a signal does: a run recorded before the field read `False` and takes its
+    signals as it did."""
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""

@@ -217,7 +217,8 @@ async def _measure_history(row: BenchRow, handle: WorkflowHandle[Any, Any]) -> N
     row.runs = len(histories)
     row.history_events = sum(len(h.events) for h in histories)
     row.history_bytes = sum(History(events=list(h.events)).ByteSize() for h in histories)
-    row.replay_ok, row.replay_error, row.replay_s = await _replay(histories, handle._client)
+    client = handle._client  # not pydantic-ai: temporalio's WorkflowHandle keeps its client private
+    row.replay_ok, row.replay_error, row.replay_s = await _replay(histories, client)
 
 
 async def run_row(

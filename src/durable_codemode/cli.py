@@ -4,6 +4,8 @@
 codemode demo [--lines 122]                      the cart agent end to end, offline, on an in-memory server
 codemode dev [--db FILE] [--port 7233] [--ui]    a persistent dev server plus a worker, until Ctrl-C
 codemode worker [--task-queue Q]                 a worker for the bundled agents (TEMPORAL_ADDRESS/embedded)
+    dev, worker: [--approver-keys FILE]... [--approver-directory FILE]   signed approvals (or the env vars
+                 CODEMODE_APPROVER_KEYS, CODEMODE_APPROVER_DIRECTORY)
 codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS and print its result
 codemode run AGENT "prompt" --follow              ... showing model turns and nested calls as they happen
 codemode watch RUN_ID                            follow a run live until it ends or waits for approval
@@ -11,12 +13,18 @@ codemode runs [--agent A] [--status S]           recent runs and their state (wa
 codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
 codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
 codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence, where and why (exit 1)
+codemode approvals RUN_ID / approve / deny / audit / keygen    approvals: list, decide, the trail, a signing key
 codemode bench [--apps A] [--n 5,20] [--mode on,off] [--model M] [--json F] [--plot F.png]
                                                  code mode vs tool calling on the bundled tasks, graded
 ```
 
 Exit codes: 0 done; 1 the run failed (or the demo's end state is wrong); 2 the command was used wrongly or the
-server cannot be reached; 3 (`watch`, `run --follow`) the run waits for approval; 130 interrupted.
+server cannot be reached (also: `replay` of a run that needs `--worker MODULE`, a decision sent to a closed run);
+3 (`watch`, `run --follow`) the run waits for approval; 130 interrupted.
+
+What the commands print (all but `bench`'s tables and a bug's traceback) passes through `_results.printable`:
+names, notes, call ids, program source, arguments and results that came from a run or from whoever can reach the
+server cannot drive the terminal.
 
 `main()` leaves with `os._exit` after flushing: a short script whose last act is a Temporal call can abort at
 interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash report. Because
@@ -40,6 +48,7 @@ import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -56,9 +65,10 @@ from temporalio.service import RPCError
 from . import _pool
 from ._approvals import ApprovalRecord, PendingApproval, RejectedDecision
 from ._bundled import bundled_apps
-from ._errors import CodeModeError, CodeModeUserError
+from ._errors import CodeModeError, CodeModeUserError, DecisionConflictError
 from ._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING, run_failure_reason
-from ._results import answer_text, preview
+from ._results import answer_text, code_lines, preview, printable
+from ._signing import ApproverKeyring
 from ._types import NAMED_RECORDS, RunResult
 from .benchmark import add_bench_command
 from .client._connect import configured_address
@@ -80,6 +90,7 @@ from .history._read import trace_histories, trace_run
 from .history._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
 from .history._trace import render_trace, render_tree, trace_json
 from .worker._agent import CodeModeAgent
+from .worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from .worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
 
 __all__ = [
@@ -103,11 +114,22 @@ _ADDRESS_ENV = "TEMPORAL_ADDRESS"
 
 
 def _err(message: str) -> None:
-    print(f"codemode: {message}", file=sys.stderr, flush=True)
+    # One line: an error may quote a run's text (a call id, a failure), whose newlines must not start lines of ours.
+    print(f"codemode: {printable(message)}", file=sys.stderr, flush=True)
 
 
 def _say(message: str = "", *, out: TextIO | None = None) -> None:
-    print(message, file=out or sys.stdout, flush=True)
+    """Print `message`, its lines the command's own; what a terminal would act on is escaped (`printable`).
+
+    Untrusted values in a line (names, notes, call ids, code) go through `printable` before they are put in it,
+    so their own newlines are escaped too; this catches whatever else a line holds.
+    """
+    print(printable(message, lines=True), file=out or sys.stdout, flush=True)
+
+
+def _say_json(text: str, *, out: TextIO | None = None) -> None:
+    """Print a JSON document, still valid JSON with the same value, with nothing a terminal would act on."""
+    print(printable(text, json=True), file=out or sys.stdout, flush=True)
 
 
 def _tree_width() -> int:
@@ -143,10 +165,33 @@ def _model_label(agent: CodeModeAgent) -> str:
 # -- serving ------------------------------------------------------------------------------------------------
 
 
-async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str, *, local: bool) -> None:
+@dataclass(frozen=True)
+class ApproverSettings:
+    """The approvers a bundled worker knows: their public key files and the group directory (flags or env)."""
+
+    key_files: tuple[str, ...] = ()
+    """`--approver-keys` (repeatable), else `CODEMODE_APPROVER_KEYS` (paths separated by `os.pathsep`)."""
+    directory: str | None = None
+    """`--approver-directory`, else `CODEMODE_APPROVER_DIRECTORY`."""
+
+    @classmethod
+    def of(cls, key_files: Sequence[str] | None = None, directory: str | None = None) -> ApproverSettings:
+        """The settings from the flags given, the environment for those not given."""
+        env_keys = [p for p in os.environ.get(APPROVER_KEYS_ENV, "").split(os.pathsep) if p]
+        return cls(key_files=tuple(key_files or env_keys),
+                   directory=directory or os.environ.get(APPROVER_DIRECTORY_ENV) or None)
+
+    def keyring(self) -> ApproverKeyring:
+        """The keys of every file (`CodeModeUserError`, naming the file, if one cannot be read)."""
+        return ApproverKeyring.of_files(self.key_files)
+
+
+async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str, *, local: bool,
+                 approvers: ApproverSettings | None = None) -> None:
     """Serve `agents` until Ctrl-C or SIGTERM, then shut the worker down gracefully.
 
-    `local`: the server is the embedded dev server, so approvals need no signature (local development).
+    `local`: the server is the embedded dev server, so approvals need no signature (local development) unless
+    `approvers` gives keys: then decisions must be signed by one of them, as on any other server.
 
     A graceful shutdown releases the worker's sticky queue at once; a killed worker leaves its runs stalled
     for the sticky timeout. The handlers stay installed until the event loop closes, so a second signal
@@ -158,8 +203,19 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     names = ", ".join(a.name for a in agents)
-    async with create_worker(client, agents, task_queue=task_queue, unsigned_approvals=local):
+    approvers = approvers or ApproverSettings()
+    keyring = approvers.keyring()
+    unsigned = local and not keyring
+    async with create_worker(client, agents, task_queue=task_queue, unsigned_approvals=unsigned,
+                             approver_keys=keyring, approver_directory=approvers.directory):
         _say(f"worker: serving {names} on task queue {task_queue!r}; Ctrl-C stops it")
+        if keyring:
+            group = f", groups from {approvers.directory}" if approvers.directory else ""
+            _say(f"approvals: signed decisions only, by {', '.join(keyring.approvers())} ({len(keyring.key_ids())} "
+                 f"keys from {', '.join(approvers.key_files)}{group})")
+        elif unsigned:
+            _say(f"approvals: unsigned decisions accepted (local dev server); --approver-keys FILE (or "
+                 f"{APPROVER_KEYS_ENV}) requires signed ones")
         await stop.wait()
         _say("worker: stopping")
     _say("worker: stopped")
@@ -182,10 +238,14 @@ async def _embedded_server(
         yield env.client
 
 
-async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
+async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE,
+                               approvers: ApproverSettings | None = None) -> int:
     """Serve the bundled agents until Ctrl-C: on the configured server if any, else on an embedded dev server.
 
     The configured server is `TEMPORAL_ADDRESS`, or the address of the Temporal client profile (`_connect`).
+    `approvers`: the approvers' keys and directory; default: `CODEMODE_APPROVER_KEYS` and
+    `CODEMODE_APPROVER_DIRECTORY` (`ApproverSettings.of()`). With keys, decisions must be signed by one of them;
+    without, only an embedded server accepts unsigned ones (a configured server refuses runs that need approval).
 
     The one implementation behind `python worker.py` and `codemode worker`. The embedded server persists to
     `DEV_SERVER_DB`, so runs started against it survive a restart of the worker.
@@ -194,18 +254,20 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE) -> int:
         CodeModeUserError: the configured server is unreachable, or an agent is misconfigured.
 
     """
+    approvers = approvers or ApproverSettings.of()
+    approvers.keyring()  # a bad key file is an error before anything starts
     agents = _bundled_agents()
     if configured_address():
         client = await connect()
         _say(f"connected to {_address(client)} ({_ADDRESS_ENV} or the Temporal profile)")
-        await _serve(client, agents, task_queue, local=False)
+        await _serve(client, agents, task_queue, local=False, approvers=approvers)
         return EXIT_OK
     async with _embedded_server(DEV_SERVER_DB) as client:
         address = _address(client)
         _say(f"embedded Temporal dev server at {address} ({_ADDRESS_ENV} and the Temporal profile name no "
              f"server), runs kept in {DEV_SERVER_DB.expanduser()}")
         _how_to_run(address, task_queue)
-        await _serve(client, agents, task_queue, local=True)
+        await _serve(client, agents, task_queue, local=True, approvers=approvers)
     return EXIT_OK
 
 
@@ -285,6 +347,8 @@ async def _demo_with_cart(db: Path, lines: int, started: float) -> int:
 
 async def _dev(args: argparse.Namespace) -> int:
     db = Path(args.db) if args.db else DEV_SERVER_DB
+    approvers = ApproverSettings.of(args.approver_keys, args.approver_directory)
+    approvers.keyring()  # a bad key file is an error before the server starts
     agents = _bundled_agents()
     async with _embedded_server(db, port=args.port, ui=args.ui) as client:
         address = _address(client)
@@ -292,12 +356,13 @@ async def _dev(args: argparse.Namespace) -> int:
         if args.ui:
             _say(f"web UI at http://127.0.0.1:{args.port + 1000}")
         _how_to_run(address, DEFAULT_TASK_QUEUE)
-        await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True)
+        await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True, approvers=approvers)
     return EXIT_OK
 
 
 async def _worker(args: argparse.Namespace) -> int:
-    return await serve_bundled_agents(task_queue=args.task_queue)
+    return await serve_bundled_agents(task_queue=args.task_queue, approvers=ApproverSettings.of(
+        args.approver_keys, args.approver_directory))
 
 
 async def _no_worker_polls(client: Client, task_queue: str) -> bool:
@@ -375,7 +440,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 def _print_result(result: RunResult[Any], *, json_output: bool) -> None:
     if json_output:
-        _say(TypeAdapter(RunResult[Any]).dump_json(result, indent=2, context=NAMED_RECORDS).decode())
+        _say_json(TypeAdapter(RunResult[Any]).dump_json(result, indent=2, context=NAMED_RECORDS).decode())
     else:
         _say(f"\nanswer: {answer_text(result.output)}\n")
         _say(render_tree(result, width=_tree_width()))
@@ -394,9 +459,10 @@ async def _follow(client: Client, workflow_id: str, run_id: str | None, *, json_
         return EXIT_OK
     if outcome.state == "waiting":
         _say(f"run {workflow_id} waits for approval of {len(outcome.pending)} call(s); decide with:")
+        run = printable(workflow_id)
         for p in outcome.pending:
-            _say(f"  codemode approve {workflow_id} {p.call_id}    # or: codemode deny {workflow_id} {p.call_id} "
-                 "--note ...")
+            call = printable(p.call_id)
+            _say(f"  codemode approve {run} {call}    # or: codemode deny {run} {call} --note ...")
         _say(f"then follow it again: codemode watch {workflow_id}")
         return EXIT_WAITING
     _err(f"run {workflow_id} {outcome.state}" + (f": {outcome.failure}" if outcome.failure else ""))
@@ -415,18 +481,20 @@ async def _approvals(args: argparse.Namespace) -> int:
     except RPCError as e:
         raise CodeModeUserError(f"cannot query run {args.run_id!r}: {e.message}") from e
     if args.json:
-        _say(TypeAdapter(list[PendingApproval]).dump_json(pending, indent=2).decode())
+        _say_json(TypeAdapter(list[PendingApproval]).dump_json(pending, indent=2).decode())
         return EXIT_OK
     if not pending:
-        _say(f"run {args.run_id}: no call is waiting for approval")
+        _say(f"run {printable(args.run_id)}: no call is waiting for approval")
         return EXIT_OK
     _say(f"{'call id':<14} {'tool':<18} {'waiting since':<20} {'line':>4}  arguments")
     for p in pending:
         since = p.requested_at.strftime("%Y-%m-%d %H:%M:%S")
-        _say(f"{p.call_id:<14} {p.tool:<18} {since:<20} {p.line:>4}  {preview(p.args, 60)}")
+        _say(f"{printable(p.call_id):<14} {printable(p.tool):<18} {since:<20} {p.line:>4}  "
+             f"{printable(preview(p.args, 60))}")
         if p.code:
-            line = p.code.splitlines()[p.line - 1].strip() if 0 < p.line <= len(p.code.splitlines()) else ""
-            _say(f"{'':<14} {'':<18} code: {preview(line, 70)}")
+            lines = code_lines(p.code)
+            line = lines[p.line - 1].strip() if 0 < p.line <= len(lines) else ""
+            _say(f"{'':<14} {'':<18} code: {printable(preview(line, 70))}")
     return EXIT_OK
 
 
@@ -446,17 +514,18 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
     except WorkflowUpdateFailedError as e:
         _err(f"not recorded: {e.cause.message if isinstance(e.cause, ApplicationError) else e.cause or e}")
         return EXIT_FAILED
+    except DecisionConflictError as e:
+        _err(str(e))
+        return EXIT_FAILED
     except RPCError as e:
         raise CodeModeUserError(f"cannot reach run {args.run_id!r}: {e.message}") from e
-    code = EXIT_OK
     for record in records:
         verb = "approved" if record.approved else "denied"
-        _say(f"{verb} {record.call_id} {record.tool}({preview(record.args, 60)[1:-1]})")
-        if record.approved != approved:
-            _err(f"{record.call_id} was already {verb} by {record.approver or 'someone'}; "
-                 "this decision was not applied")
-            code = EXIT_FAILED
-    return code
+        by = f" by {printable(record.approver)}" if record.approver else ""
+        counted = "" if record.settled else " (counted; the call needs more approvals)"
+        _say(f"{verb} {printable(record.call_id)} {printable(record.tool)}("
+             f"{printable(preview(record.args, 60)[1:-1])}){by}{counted}")
+    return EXIT_OK
 
 
 async def _keygen(args: argparse.Namespace) -> int:
@@ -477,29 +546,40 @@ async def _keygen(args: argparse.Namespace) -> int:
 
 async def _audit(args: argparse.Namespace) -> int:
     client = await connect()
-    trace = await trace_run(client, args.run_id)
+    histories = await fetch_chain(client, args.run_id)
+    # A closed run's result holds its whole trail: read it from the history, without replaying any workflow code
+    # (which would need the agents' approval rules). An open run is replayed, quietly, for its signals' decisions.
+    trace = await trace_histories(histories, replay=False)
+    if trace.status == "running":
+        _load_worker(args.worker)
+        with quiet_replays() as runtime:
+            trace = await trace_histories(histories, replay=True, runtime=runtime)
+        for note in trace.notes:
+            _err(f"note: {note}")
     records = trace.audit
     rejected: list[RejectedDecision] = []
-    if trace.state not in ("completed", "failed", "terminated", "cancelled", "timed-out", "continued-as-new"):
+    if trace.status == "running":
         with contextlib.suppress(CodeModeError, RPCError):
             rejected = await rejected_decisions(client, args.run_id)
     if args.json:
-        _say(json.dumps({"run_id": args.run_id, "decisions": TypeAdapter(list[ApprovalRecord]).dump_python(
-            records, mode="json"), "rejected": TypeAdapter(list[RejectedDecision]).dump_python(
-            rejected, mode="json")}, indent=2))
+        _say_json(json.dumps({"run_id": args.run_id, "status": trace.status, "decisions": TypeAdapter(
+            list[ApprovalRecord]).dump_python(records, mode="json"), "rejected": TypeAdapter(
+            list[RejectedDecision]).dump_python(rejected, mode="json")}, indent=2, ensure_ascii=False))
         return EXIT_OK
     if not records and not rejected:
-        _say(f"run {args.run_id}: no approval decision")
+        _say(f"run {printable(args.run_id)}: no approval decision")
         return EXIT_OK
     for r in records:
         verb = ("approved" if r.approved else "denied") + ("" if r.settled else " (counted; not yet enough)")
-        signed = f"signed with {r.key_id}" if r.signed else "UNSIGNED"
-        _say(f"{r.decided_at:%Y-%m-%d %H:%M:%S}  {r.call_id:<12} {r.tool}  {verb} by {r.approver or r.via}  "
-             f"{signed}  via {r.via}" + (f"  policy: {r.policy}" if r.policy else "")
-             + (f"  args {r.args_digest}" if r.args_digest else "") + (f"  note: {r.note}" if r.note else ""))
+        signed = f"signed with {printable(r.key_id or '?')}" if r.signed else "UNSIGNED"
+        _say(f"{r.decided_at:%Y-%m-%d %H:%M:%S}  {printable(r.call_id):<12} {printable(r.tool)}  {verb} by "
+             f"{printable(r.approver or r.via)}  {signed}  via {r.via}"
+             + (f"  policy: {printable(r.policy)}" if r.policy else "")
+             + (f"  args {printable(r.args_digest)}" if r.args_digest else "")
+             + (f"  note: {printable(r.note)}" if r.note else ""))
     for x in rejected:
-        _say(f"{x.at:%Y-%m-%d %H:%M:%S}  {x.call_id:<12} REFUSED {'approval' if x.approved else 'denial'} by "
-             f"{x.approver or '?'}: {x.reason}")
+        _say(f"{x.at:%Y-%m-%d %H:%M:%S}  {printable(x.call_id):<12} REFUSED {'approval' if x.approved else 'denial'} "
+             f"by {printable(x.approver or '?')}: {printable(x.reason)}")
     return EXIT_OK
 
 
@@ -548,7 +628,7 @@ async def _history_cmd(args: argparse.Namespace) -> int:
              "(--chain exports every run of the chain)")
     text = histories_to_json(histories)
     if args.output is None:
-        _say(text)
+        _say_json(text)
         return EXIT_OK
     try:
         Path(args.output).write_text(text)
@@ -581,7 +661,9 @@ async def _replay_cmd(args: argparse.Namespace) -> int:
                 raise CodeModeUserError(f"the server rejected the run listing: {e.message} (check --query: it "
                                         "is a Temporal visibility query, e.g. \"TaskQueue = 'cart'\")") from e
             _say(render_replay_table(replays))
-            return EXIT_OK if all(r.verdict in ("ok", "expected") for r in replays) else EXIT_FAILED
+            verdicts = {r.verdict for r in replays}
+            # A divergence is the worse news; runs left unreplayed for want of --worker are a usage error (2).
+            return EXIT_FAILED if "diverged" in verdicts else EXIT_USAGE if "not_replayed" in verdicts else EXIT_OK
         if args.history:
             histories = read_histories(args.history)
         else:
@@ -601,7 +683,10 @@ async def _trace_cmd(args: argparse.Namespace) -> int:
             trace = await trace_histories(read_histories(args.history), replay=not args.no_replay, runtime=runtime)
         else:
             trace = await trace_run(await connect(), args.run_id, replay=not args.no_replay, runtime=runtime)
-    _say(trace_json(trace) if args.json else render_trace(trace, width=_tree_width()))
+    if args.json:
+        _say_json(trace_json(trace))
+    else:
+        _say(render_trace(trace, width=_tree_width()))
     return EXIT_OK
 
 
@@ -621,7 +706,8 @@ async def _runs_cmd(args: argparse.Namespace) -> int:
         if r.state == "running" and r.pending_approvals is None and not r.status_recorded:
             state += " (no worker answered)"
         took = f"{(r.closed_at - r.started_at).total_seconds():.1f} s" if r.closed_at else ""
-        rows.append((r.workflow_id, r.agent or "?", state, r.started_at.strftime("%Y-%m-%d %H:%M:%S"), took))
+        rows.append((printable(r.workflow_id), printable(r.agent or "?"), state,
+                     r.started_at.strftime("%Y-%m-%d %H:%M:%S"), took))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         _say("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
@@ -662,6 +748,16 @@ def _port(text: str) -> int:
 Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
 
 
+def _approver_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--approver-keys", action="append", metavar="FILE",
+                        help="the approvers' public keys, a JSON file as `codemode keygen` prints (repeat for "
+                        f"several files; default: ${APPROVER_KEYS_ENV}, paths separated by '{os.pathsep}'). With "
+                        "keys, decisions must be signed by one of them, also on the embedded server")
+    parser.add_argument("--approver-directory", metavar="FILE",
+                        help="approver groups, a JSON file such as {\"finance\": [\"ana\", \"bob\"]} (default: "
+                        f"${APPROVER_DIRECTORY_ENV})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; each subcommand sets `handler` to its coroutine function."""
     parser = argparse.ArgumentParser(
@@ -684,6 +780,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"SQLite file for the server's runs (default: {DEV_SERVER_DB})")
     dev.add_argument("--port", type=_port, default=7233, help="the server's port (default: 7233)")
     dev.add_argument("--ui", action="store_true", help="also serve the web UI, on port + 1000")
+    _approver_flags(dev)
     dev.set_defaults(handler=_dev)
 
     worker = commands.add_parser("worker", help="a worker for the bundled agents",
@@ -691,6 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"on an embedded dev server persisted to {DEV_SERVER_DB}.")
     worker.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, metavar="Q",
                         help=f"the task queue to serve (default: {DEFAULT_TASK_QUEUE})")
+    _approver_flags(worker)
     worker.set_defaults(handler=_worker)
 
     run = commands.add_parser("run", help="start an agent run and print its result",
@@ -728,8 +826,9 @@ def build_parser() -> argparse.ArgumentParser:
     approvals.set_defaults(handler=_approvals)
     for name, handler, verb in (("approve", _approve, "approve"), ("deny", _deny, "deny")):
         cmd = commands.add_parser(name, help=f"{verb} a paused call (or --all of a run's)",
-                                  description=f"{verb.capitalize()} a call waiting for approval; the update id is "
-                                  "the call id and the approver, so repeating a decision is harmless.")
+                                  description=f"{verb.capitalize()} a call waiting for approval. The update id is "
+                                  "'<call id> by <approver>', so repeating a decision is harmless; a different "
+                                  "decision by the same approver about the same call is not recorded (exit 1).")
         cmd.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
         cmd.add_argument("call_id", metavar="CALL_ID", nargs="?", help="the call, e.g. call_0.3")
         cmd.add_argument("--all", action="store_true", help=f"{verb} every waiting call of the run")
@@ -755,6 +854,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "recently.")
     audit.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
     audit.add_argument("--json", action="store_true", help="print the trail as JSON")
+    audit.add_argument("--worker", metavar="MODULE", help="an open run is replayed for its signals' decisions: "
+                       "import MODULE for the agents' approval rules (a closed run needs no replay)")
     audit.set_defaults(handler=_audit)
 
     runs = commands.add_parser("runs", help="recent runs and their state",

@@ -190,7 +190,7 @@ async def running_worker(
 
 async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:
     """The histories of every run of a continue-as-new chain, first to last."""
-    client = handle._client
+    client = handle._client  # not pydantic-ai: temporalio's WorkflowHandle keeps its client private
     run_id: str | None = handle.first_execution_run_id
     if run_id is None:
         # A handle from `get_workflow_handle(id)` (or one whose first run is unknown): every run's start event
@@ -212,7 +212,8 @@ async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]
     """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
     # The client's converter, so runs whose large payloads live in a payload store replay too.
     # debug_mode: offline there is no 2 s deadlock detector, so no replay depends on this machine's speed.
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=handle._client.data_converter,
+    client = handle._client  # not pydantic-ai: temporalio's WorkflowHandle keeps its client private
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
                         workflow_runner=workflow_runner(), debug_mode=True)
     results = []
     for history in await fetch_chain_histories(handle):

@@ -16,12 +16,33 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateRPCTimeoutOrCancelledError
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowHandle,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
 from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._approvals import ApprovalDecision, ApprovalRecord, BatchDecision, PendingApproval, RejectedDecision
-from .._errors import CodeModeUserError, InvalidRunInputError, RunNotFoundError, WorkerUnavailableError
+from .._approvals import (
+    DECIDE_ALL_UPDATE,
+    DECIDE_UPDATE,
+    ApprovalDecision,
+    ApprovalRecord,
+    BatchDecision,
+    PendingApproval,
+    RejectedDecision,
+)
+from .._decisions import decision_update_id
+from .._errors import (
+    CodeModeUserError,
+    DecisionConflictError,
+    InvalidRunInputError,
+    RunClosedError,
+    RunNotFoundError,
+    WorkerUnavailableError,
+)
 from .._models import unknown_model
 from .._signing import signing_payload
 from .._types import RunInput, RunResult
@@ -83,17 +104,42 @@ async def _on_run(client: Client, run_id: str, call: Awaitable[_T], timeout: tim
     try:
         return await call
     except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise RunNotFoundError(run_id, client.service_client.config.target_host) from e
+        if e.status == RPCStatusCode.NOT_FOUND:  # no such run, or one that has ended ("already completed")
+            during = "aborted by closing workflow" in e.message  # it closed with the update in flight
+            raise await _closed(client, run_id, during=during) or RunNotFoundError(run_id, _address(client)) from e
         if e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
-            raise WorkerUnavailableError(
+            raise await _closed(client, run_id) or WorkerUnavailableError(
                 f"no worker answered for run {run_id!r} within {timeout.total_seconds():g} s: start a worker that "
                 "serves the run's agent on its task queue (`codemode worker`)") from e
         raise
     except WorkflowUpdateRPCTimeoutOrCancelledError as e:
-        raise WorkerUnavailableError(
+        raise await _closed(client, run_id) or WorkerUnavailableError(
             f"no worker took the decision for run {run_id!r} within {timeout.total_seconds():g} s, so nothing was "
             "recorded: start a worker that serves the run's agent on its task queue, then decide again") from e
+
+
+def _address(client: Client) -> str:
+    return client.service_client.config.target_host
+
+
+_CLOSED = {
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TIMED_OUT: "timed out",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "continued as new",
+}
+
+
+async def _closed(client: Client, run_id: str, *, during: bool = False) -> RunClosedError | None:
+    """`RunClosedError` if run `run_id` exists and has ended (how and when, from the server), else `None`."""
+    try:
+        description = await client.get_workflow_handle(run_id).describe()
+    except RPCError:
+        return None
+    status = _CLOSED.get(description.status) if description.status is not None else None
+    return RunClosedError(run_id, status, description.close_time, during=during) if status else None
 
 
 MAX_DEPS_BYTES = 64 * 1024
@@ -424,26 +470,66 @@ async def decide(
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
 
-    The update id is the call id and the approver, so sending a decision twice is harmless: the second gets the
-    first's record back (check `record.approved`: a later, different decision about the same call is not applied),
-    while another approver's decision (a policy needing two) is taken. With
-    `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`.
+    The update id is `<call id> by <approver>` (`_decisions.decision_update_id`), so sending the same decision
+    twice is harmless: the second gets the first's record back. The run accepts a decision under that id only if
+    it is that approver's about that call, so nobody else can take it. The record returned is checked to be this
+    decision (call, approver, verdict, note): a different decision sent under an id that already holds one (the
+    approver changed their mind after deciding) raises `DecisionConflictError` instead of returning the first.
+    With `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`.
 
     Raises:
         temporalio.client.WorkflowUpdateFailedError: the run refused the decision, with a message saying why
             (unknown, decided or expired call; an approver the tool's policy does not name; a missing, forged or
-            expired signature); the run is unaffected, and sending it again would fail the same way.
+            expired signature; a malformed or over-long field, by name); the run is unaffected, and sending it
+            again would fail the same way.
+        DecisionConflictError: the run holds another decision under this update id; this one was not recorded.
         RunNotFoundError: no run with that id.
+        RunClosedError: the run has ended (the message says how); nothing was recorded.
         WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
 
     """
     decision = _signed(client, run_id, ApprovalDecision(call_id=call_id, approved=approved, note=note,
                                                         approver=approver), signer, valid_for)
-    # One update id per (call, approver): repeating a decision is harmless, and a second approver's is not lost.
-    update_id = call_id if decision.approver is None else f"{call_id} by {decision.approver}"
-    call = _handle(client, run_id).execute_update(CodeModeRunWorkflow.decide, decision, id=update_id,
-                                                  rpc_timeout=timeout)
-    return await _on_run(client, run_id, call, timeout)
+    update_id = decision_update_id(call_id, decision.approver)
+    call = _handle(client, run_id).execute_update(DECIDE_UPDATE, decision, id=update_id, rpc_timeout=timeout)
+    return _own_record(run_id, update_id, decision, await _on_run(client, run_id, call, timeout))
+
+
+def _own_record(run_id: str, update_id: str, decision: ApprovalDecision, answer: Any) -> ApprovalRecord:
+    """The record the run answered `decision` with, if it is that decision's.
+
+    Raises:
+        DecisionConflictError: it is another decision's record (or no record at all).
+
+    """
+    try:
+        record = _RECORD.validate_python(answer)
+    except ValidationError:
+        raise DecisionConflictError(
+            f"run {run_id!r} did not record this decision: update id {update_id!r} was already used by another "
+            "update, whose outcome Temporal returned instead (a worker from before update ids were bound to their "
+            "approver let it through); upgrade the run's workers, then decide again with an approver named",
+            None) from None
+    differs = [what for what, mine, recorded in (
+        ("call", decision.call_id, record.call_id), ("approver", decision.approver, record.approver),
+        ("verdict", decision.approved, record.approved), ("note", decision.note, record.note)) if mine != recorded]
+    if not differs:
+        return record
+    verb = "approval" if record.approved else "denial"
+    held = (f"{record.approver!r}'s {verb} of call {record.call_id!r}" if record.approver else
+            f"an {verb} of call {record.call_id!r}") + f", recorded at {record.decided_at:%Y-%m-%d %H:%M:%S}"
+    if set(differs) <= {"verdict", "note"}:  # the same approver's earlier decision about the same call
+        raise DecisionConflictError(
+            f"run {run_id!r} did not record this decision: it already holds {held} under update id {update_id!r}, "
+            f"and a recorded decision stands (its {' and '.join(differs)} differs from this one's)", record)
+    raise DecisionConflictError(
+        f"run {run_id!r} did not record this decision: update id {update_id!r} holds {held}, not this decision "
+        "(a worker from before update ids were bound to their approver let another decision take the id); "
+        "upgrade the run's workers, then decide again", record)
+
+
+_RECORD = TypeAdapter(ApprovalRecord)
+_RECORDS = TypeAdapter(list[ApprovalRecord])
 
 
 async def decide_all(
@@ -453,7 +539,8 @@ async def decide_all(
 ) -> list[ApprovalRecord]:
     """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does).
 
-    With `signer`, each waiting call's decision is signed (the calls are listed first, by a query).
+    With `signer`, each waiting call's decision is signed (the calls are listed first, by a query). The update id is
+    random (an id of the form `<call id> by <approver>` is reserved for one decision).
     """
     batch = BatchDecision(approved=approved, note=note, approver=approver)
     if signer is not None:
@@ -463,8 +550,18 @@ async def decide_all(
         batch = BatchDecision(approved=approved, note=note, approver=signer.approver, key_id=signer.key_id,
                               signatures={d.call_id: d.signature or "" for d in signed},
                               expires_at=signed[0].expires_at if signed else None)
-    call = _handle(client, run_id).execute_update(CodeModeRunWorkflow.decide_all, batch, rpc_timeout=timeout)
-    return await _on_run(client, run_id, call, timeout)
+    update_id = str(uuid.uuid4())
+    call = _handle(client, run_id).execute_update(DECIDE_ALL_UPDATE, batch, id=update_id, rpc_timeout=timeout)
+    answer = await _on_run(client, run_id, call, timeout)
+    try:
+        records = _RECORDS.validate_python(answer)
+    except ValidationError:
+        raise DecisionConflictError(f"run {run_id!r} answered decide_all with something other than its records "
+                                    f"(update id {update_id!r}); nothing here says what it recorded", None) from None
+    for record in records:
+        _own_record(run_id, update_id, ApprovalDecision(call_id=record.call_id, approved=approved, note=note,
+                                                        approver=batch.approver), record)
+    return records
 
 
 async def rejected_decisions(

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from .._decisions import MAX_KEY_ID_CHARS, approver_name_problem
 from .._errors import CodeModeUserError
+from .._results import printable
 from .._signing import b64, unb64
 
 __all__ = ["KEY_ENV", "ApprovalSigner", "generate_approver_key"]
@@ -71,9 +73,13 @@ class ApprovalSigner:
 
 def generate_approver_key(approver: str, key_id: str | None = None) -> ApprovalSigner:
     """A new Ed25519 key for `approver` (key id default: `<approver>-<8 hex digits>`)."""
-    if not approver.strip():
-        raise CodeModeUserError("an approver key needs the approver's name")
-    return ApprovalSigner(approver=approver, key_id=key_id or f"{approver}-{os.urandom(4).hex()}",
-                          private_key=Ed25519PrivateKey.generate())
+    problem = approver_name_problem(approver)
+    if problem:
+        raise CodeModeUserError(f"an approver key needs the approver's name, as policies name them: the name "
+                                f"{problem}")
+    key_id = key_id or f"{approver}-{os.urandom(4).hex()}"
+    if not key_id.strip() or len(key_id) > MAX_KEY_ID_CHARS or printable(key_id) != key_id:
+        raise CodeModeUserError(f"the key id {key_id!r} must be 1 to {MAX_KEY_ID_CHARS} printable characters")
+    return ApprovalSigner(approver=approver, key_id=key_id, private_key=Ed25519PrivateKey.generate())
 
 

@@ -39,7 +39,7 @@ from .._names import (
     call_id_of_activity,
     tool_of_activity_type,
 )
-from .._results import preview
+from .._results import code_lines, preview, printable
 from .._types import RunResult, ToolCallInput
 from ..history._read import _decode, _read_marker, _summary, failure_text
 from ..workflow._run import CodeModeRunWorkflow
@@ -95,7 +95,8 @@ class _Follower:
         self._snippets: dict[str, _Snippet] = {}
 
     def say(self, text: str) -> None:
-        print(text, file=self._out, flush=True)
+        # One line each: whatever a run's text holds (ESC, CR, a newline) is shown escaped.
+        print(printable(text), file=self._out, flush=True)
 
     @property
     def in_flight(self) -> int:
@@ -185,7 +186,7 @@ class _Follower:
         for part in response.parts:
             if isinstance(part, ToolCallPart) and part.tool_name == RUN_CODE_TOOL:
                 code = part.args_as_dict().get("code", "")
-                lines = str(code).splitlines()
+                lines = code_lines(str(code).rstrip("\r\n"))
                 self.say(f"{turn} → run_code {part.tool_call_id} ({len(lines)} lines)")
                 for line in lines[:6]:
                     self.say(f"   │ {line}")

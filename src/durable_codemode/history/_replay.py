@@ -35,7 +35,7 @@ from temporalio.runtime import Runtime
 from .._config import SnippetLimits
 from .._errors import CodeModeUserError
 from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
-from .._results import preview
+from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import serve, served_agents
@@ -332,7 +332,7 @@ def _guess_line(code: str, tool: str | None, *, start: int = 1) -> int | None:
     if not tool:
         return None
     pattern = re.compile(rf"\b{re.escape(tool)}\s*\(")
-    found = [n for n, text in enumerate(code.splitlines(), 1) if pattern.search(text)]
+    found = [n for n, text in enumerate(code_lines(code), 1) if pattern.search(text)]
     return next((n for n in found if n >= start), found[0] if found else None)
 
 
@@ -387,7 +387,7 @@ def _locate(div: Divergence, trace: RunTrace, capture: ReplayCapture) -> None:
         # program had got to, not at its first use.
         made = [c.line for c in capture.calls.values() if c.call_id.rsplit(".", 1)[0] == snippet.call_id and c.line]
         div.line, div.line_guessed = _guess_line(snippet.code, recorded_tool, start=max(made, default=1)), True
-    lines = snippet.code.splitlines()
+    lines = code_lines(snippet.code)
     if div.line and 0 < div.line <= len(lines):
         div.source_line = lines[div.line - 1].rstrip()
 
@@ -686,7 +686,12 @@ def render_replay(report: ReplayReport) -> str:
         counts = _counts(RunReplay(workflow_id="", run_id="", model_turns=report.model_turns,
                                    snippets=report.snippets, nested_calls=report.nested_calls))
         lines.append(f"replayed {runs} offline with the recorded agent specs and limits; no activity ran: {counts}")
-    return "\n".join(lines)
+    return _text(lines)
+
+
+def _text(lines: Sequence[str]) -> str:
+    """`lines` as the report's text: each one line, with what a terminal would act on escaped (`printable`)."""
+    return "\n".join(printable(line) for line in lines)
 
 
 def render_replay_table(replays: Sequence[RunReplay]) -> str:
@@ -701,7 +706,8 @@ def render_replay_table(replays: Sequence[RunReplay]) -> str:
             label = {"expected": "expected", "not_replayed": "NOT REPLAYED"}.get(r.verdict, "DIVERGED")
             outcome = f"{label}: {r.divergence.cause.replace('_', ' ')}" + (
                 f" at {_where(r.divergence)}" if _where(r.divergence) else "")
-        rows.append((r.workflow_id, r.run_id[:8], r.agent or "?", r.status.replace("_", "-"), outcome))
+        rows.append((printable(r.workflow_id), r.run_id[:8], printable(r.agent or "?"), r.status.replace("_", "-"),
+                     outcome))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row)) for row in rows]
     diverged = [r for r in replays if r.verdict in ("diverged", "not_replayed")]
@@ -710,5 +716,5 @@ def render_replay_table(replays: Sequence[RunReplay]) -> str:
                  f"{counts['diverged']} diverged, {counts['not_replayed']} not replayed (need --worker MODULE)")
     for r in diverged:
         lines.append("")
-        lines.append(render_replay(ReplayReport(workflow_id=r.workflow_id, runs=[r])))
-    return "\n".join(lines)
+        lines += render_replay(ReplayReport(workflow_id=r.workflow_id, runs=[r])).split("\n")
+    return _text(lines)

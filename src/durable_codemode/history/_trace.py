@@ -29,7 +29,7 @@ from pydantic import TypeAdapter
 
 from .._approvals import ApprovalRecord
 from .._config import SnippetLimits
-from .._results import answer_text
+from .._results import answer_text, code_lines, printable
 from .._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
@@ -356,7 +356,8 @@ class _Drawing:
         self.lines: list[str] = []
 
     def add(self, line: str) -> None:
-        self.lines.append(_fit(line, self.width))
+        # Every line is one line of the drawing: a newline, escape sequence or CR in a run's text is shown escaped.
+        self.lines.append(_fit(printable(line), self.width))
 
     def calls(self, calls: list[TraceCall], indent: str) -> None:
         shown: list[TraceCall | str] = list(calls)
@@ -397,7 +398,8 @@ class _Drawing:
         self.add(f"{'└─ ' if last else '├─ '}run_code {snippet.call_id}  {snippet.outcome}{restart}{computed}{count}")
         inner = "   " if last else "│  "
         gutter = inner + ("│ " if n else "  ")
-        lines = snippet.code.expandtabs(4).splitlines()
+        code = snippet.code.expandtabs(4).rstrip("\r\n")
+        lines = code_lines(code) if code else []
         digits = len(str(len(lines)))
         numbered = list(enumerate(lines, 1))
         if self.code_lines is not None:  # a preview: blank lines carry nothing in six lines
@@ -479,7 +481,7 @@ def render_trace(trace: RunTrace, *, width: int = 120) -> str:
             drawing.add(f"  {a.call_id}  {a.tool}({_args_text(a.args)})  {_approval_text(a)}  "
                         f"at {_when(a.decided_at)}")
     # Notes are never cut to the width: they say what the trace is missing and why.
-    drawing.lines += [f"note: {note}" for note in trace.notes]
+    drawing.lines += [printable(f"note: {note}") for note in trace.notes]
     return "\n".join(drawing.lines)
 
 

@@ -157,6 +157,7 @@ class CodeModeActivities:
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
         spec.payload_store = self._payload_store
         spec.compact_tool_calls = True  # this worker reads a tool call's name and id from its activity's type and id
+        spec.bounded_signals = True  # this worker's runs hold a signal's decision to the update's field rules
         seeded = spec.files.seeded_bytes if spec.files is not None else 0
         if seeded > CARRY_WITHOUT_STORE_BYTES and not self._payload_store:
             raise ApplicationError(
@@ -183,21 +184,19 @@ class CodeModeActivities:
     async def model_request(self, input: ModelRequestInput) -> ModelResponse | ModelStep:
         """One request to the agent's model (or the run's override), heartbeating while it waits.
 
-        With `input.hooks`, the agent's model-request hooks run around it and the answer is a `ModelStep` (see
-        `CodeModeAgent.request_step`); they may do I/O, and a retry of the activity runs them again.
+        pydantic-ai's own graph makes it, for one step (`CodeModeAgent.request`). With `input.hooks` (the run
+        recorded that its agent has model-request hooks) the answer is a `ModelStep`: what the hooks did (a
+        retry, a rewritten history) is data the run adopts; otherwise the response alone, the shape such runs
+        recorded. The hooks may do I/O, and a retry of the activity runs them again.
         A model that cannot work (no key, unknown, package missing) and pydantic-ai's `UserError` are final; HTTP
         errors are retried unless they are client errors that would fail the same way again.
         """
         agent = self.agent(input.agent)
         try:
-            if input.hooks:
-                return await heartbeating(agent.request_step(
-                    input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
-                    output=input.output, usage=input.usage, run_step=input.run_step,
-                    output_retries=input.output_retries, native_tools=input.native_tools))
-            return await heartbeating(agent.request(
+            step = await heartbeating(agent.request(
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
-                output=input.output, native_tools=input.native_tools))
+                output=input.output, native_tools=input.native_tools, hooked=input.hooks, usage=input.usage,
+                run_step=input.run_step, output_retries=input.output_retries))
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:
@@ -208,6 +207,15 @@ class CodeModeActivities:
             raise ApplicationError(f"{e}: " + "; ".join(f"{type(x).__name__}: {x}" for x in e.exceptions),
                                    type="FallbackExceptionGroup",
                                    non_retryable=not any(_may_pass(x) for x in e.exceptions)) from e
+        if input.hooks:
+            return step
+        if step.response is None or step.retry is not None or step.messages is not None:
+            raise ApplicationError(
+                f"agent {input.agent!r} asked for a retry or rewrote the history in a model request of a run that "
+                "recorded no model-request hooks (it started before the agent had them): finish or cancel the run "
+                "on a worker with the agent as it was, or start a new run", type="CodeModeUserError",
+                non_retryable=True)
+        return step.response
 
     @activity.defn(name=OUTPUT_ACTIVITY)
     async def check_output(self, input: OutputInput) -> OutputVerdict:

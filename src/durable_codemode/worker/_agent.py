@@ -16,10 +16,7 @@ from dataclasses import asdict, replace
 from typing import Any, TypeVar, Union, cast
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
-from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
-from pydantic_ai._agent_graph import GraphAgentState
-from pydantic_ai._output import types_from_output_spec
-from pydantic_ai.exceptions import UnexpectedModelBehavior
+from pydantic_ai import Agent, AgentRunResult, CallToolsNode, DeferredToolRequests, PendingModelResponse, RunContext
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -28,12 +25,11 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters, ModelSelectionContext, infer_model
+from pydantic_ai.models import Model, ModelRequestParameters, ModelSelectionContext, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.native_tools import AbstractNativeTool
-from pydantic_ai.native_tools._tool_search import ToolSearchTool  # pinned by tests/test_compat.py
 from pydantic_ai.profiles import ModelProfile
-from pydantic_ai.settings import ModelSettings, merge_model_settings
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
@@ -48,6 +44,13 @@ from .._errors import CodeModeUserError, GuardrailError
 from .._files import RunFiles
 from .._models import build_model
 from .._names import CHILD_RUN_METADATA, RUN_CODE_TOOL, tool_activity_type
+from .._pydantic_ai import (
+    agent_run_result,
+    agent_settings,
+    output_types,
+    resolves_per_run,
+    start_step,
+)
 from .._results import jsonable
 from .._stubs import (
     deferred_section,
@@ -70,22 +73,21 @@ from ._capabilities import (
     has_run_error_hooks,
     instrumentation_of,
     instrumented_context,
-    instrumented_request,
     model_selector,
     probing,
     registered_capabilities,
-    request_through_hooks,
     run_after_run,
     run_before_run,
     run_on_run_error,
     run_toolset,
-    send,
     unapplied_hooks,
+    unsupported_model_wrappers,
     unsupported_tool_search,
     wraps_toolsets,
 )
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
+from ._model_step import model_step
 
 __all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
 
@@ -101,21 +103,23 @@ def _unsupported(agent: Agent[Any, Any]) -> list[str]:
              "model-request hooks, ProcessHistory among them)" for unapplied in [unapplied_hooks(agent)] if unapplied]
     found.extend(_unsupported_toolsets(agent))
     found.extend(unsupported_tool_search(agent))
+    found.extend(unsupported_model_wrappers(agent))
     if agent.model is None and model_selector(agent) is not None:
         found.append("a model selector (SelectModel) on an agent without a model of its own (a durable run builds "
                      "the agent's model when it starts, and its selector starts from it: give the agent a model, "
                      "which the selector's first ctx.model is)")
-    if agent._concurrency_limiter is not None:  # pinned by tests/test_compat.py
+    settings = agent_settings(agent)
+    if settings.has_concurrency_limit:
         found.append("max_concurrency (it bounds agent.run() calls in one process; durable runs are bounded by "
                       "their worker: create_worker(max_concurrent_workflow_tasks=...))")
-    if agent._metadata is not None:
+    if settings.has_metadata:
         found.append("metadata (attached to agent.run() results and spans; a durable run's own spans come from "
                       "create_worker(tracing=True))")
-    schema = agent._output_schema  # pinned by tests/test_compat.py
-    if schema.allows_deferred_tools:
+    kinds = output_types(agent.output_type)
+    if DeferredToolRequests in kinds:
         found.append("DeferredToolRequests in its output_type (a durable run pauses a call for approval itself: "
                       "use ToolOptions(requires_approval=True) instead)")
-    if schema.allows_pending_model_response:
+    if PendingModelResponse in kinds:
         found.append("PendingModelResponse in its output_type (background model responses)")
     return found
 
@@ -134,7 +138,7 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
                 "tools are recorded once, when it starts, and its programs are checked against them): declare it "
                 "with per_run_step=False (`@agent.toolset(per_run_step=False)`, `DynamicToolset(..., "
                 "per_run_step=False)`), so it is built from each run's context (its deps) when the run starts")
-        if getattr(toolset, "_resolves_per_run", False):  # an MCPToolset's (mcp is optional); pinned by test_compat
+        if resolves_per_run(toolset):  # an MCPToolset's (mcp is optional)
             found.append(
                 f"an MCP server ({toolset.label}) whose auth or headers are a function of the run (a durable run's "
                 "calls share the worker's connection to the server): give it fixed auth and headers")
@@ -150,7 +154,7 @@ class _RawProbeModel(FunctionModel):
     """The describe probe's model: it sees the history as the run has it, not as rendered for a model.
 
     `Model.prepare_messages` renders parts for sending (an appending system prompt as its `<pyai:context>`
-    element); the run records the parts themselves and renders them at each request (`send`), as pydantic-ai does.
+    element); the run records the parts themselves, and pydantic-ai renders them at each request (the model step).
     """
 
     def prepare_messages(self, messages: list[ModelMessage],
@@ -167,15 +171,19 @@ class _Probed(Exception):
 
 
 def _output_spec(agent: Agent[Any, Any], info: AgentInfo) -> OutputSpec | None:
-    """The agent's output as a run records it (`None`: `str` and no validators: the text is the answer)."""
-    if agent.output_type is str and not agent._output_validators:  # pinned by tests/test_compat.py
+    """The agent's output as a run records it (`None`: `str` and no validators: the text is the answer).
+
+    Read from the request pydantic-ai would send (the describe probe's): its output tools as the capabilities
+    prepared them, its output mode and what else it allows.
+    """
+    if agent.output_type is str and not agent_settings(agent).has_output_validators:
         return None
-    schema = agent._output_schema
-    template = getattr(schema, "template", None)
-    return OutputSpec(mode=schema.mode, tools=list(info.output_tools), object_def=schema.object_def,
-                      prompted_template=template if isinstance(template, str) else None,
-                      allows_text=schema.allows_text, allows_image=schema.allows_image,
-                      structured_text=schema.mode in ("native", "prompted"), end_strategy=agent.end_strategy)
+    parameters = info.model_request_parameters
+    return OutputSpec(mode=parameters.output_mode, tools=list(info.output_tools), object_def=parameters.output_object,
+                      prompted_template=parameters.prompted_output_template or None,
+                      allows_text=parameters.allow_text_output, allows_image=parameters.allow_image_output,
+                      structured_text=parameters.output_mode in ("native", "prompted"),
+                      end_strategy=agent.end_strategy)
 
 
 def _last_prompt(messages: list[ModelMessage]) -> Any:
@@ -206,16 +214,6 @@ def _closing(result: AgentRunResult[Any]) -> dict[str, Any]:
         return {"closing": last}
     tool = next((p.tool_name for p in marked.parts if isinstance(p, ToolReturnPart) and p.content == _MARK), None)
     return {"closing": last, "output_tool": tool}
-
-
-def _set_output_tool_retries(manager: Any, retries: int) -> None:
-    """Give every output tool of the step the durable run's retry count.
-
-    pydantic-ai counts output tool retries per tool, in the step's tool manager; a one-step probe starts them at 0.
-    """
-    for name, tool in (manager.tools or {}).items():  # pinned by tests/test_compat.py
-        if tool.tool_def.kind == "output":
-            manager.ctx.retries[name] = retries
 
 
 @functools.cache
@@ -267,12 +265,17 @@ def _provider_tools(tools: Sequence[AbstractNativeTool]) -> list[AbstractNativeT
     the provider: refused, with the fix.
     """
     for tool in tools:
-        if isinstance(tool, ToolSearchTool) and not tool.optional:
+        if _is_tool_search(tool) and not tool.optional:
             raise CodeModeUserError(
                 "a capability asks for the provider's own tool search (ToolSearchTool, not optional): a durable run "
                 "sends the provider no deferred tools to search, since programs find them with search_tools in the "
                 "sandbox; drop the ToolSearchTool (or the strategy of your ToolSearch capability)")
-    return [tool for tool in tools if not isinstance(tool, ToolSearchTool)]
+    return [tool for tool in tools if not _is_tool_search(tool)]
+
+
+def _is_tool_search(tool: AbstractNativeTool) -> bool:
+    """Whether `tool` is pydantic-ai's `ToolSearchTool` (which it does not export: told by its public `kind`)."""
+    return tool.kind == "tool_search"
 
 
 def _built_or_none(name: str) -> Model | None:
@@ -413,13 +416,13 @@ class CodeModeAgent:
         self._hooked = bool(extra_capabilities(agent))
         """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
         self._model_hooked = has_model_request_hooks(agent)
+        """Whether a model request's hooks need the run's step and usage, and may retry or rewrite (`request`)."""
         self._model_selector = model_selector(agent)
         self._selected_models: dict[str, Model] = {}  # what the selector picked, by `model_id`, on this worker
         self._after_run_hooked = has_after_run_hooks(agent)
         self._run_error_hooked = has_run_error_hooks(agent)
         self._prepares_tools = has_prepare_tools_hooks(agent)
         self._wraps_toolsets = wraps_toolsets(agent)
-        """Whether model requests go through the capabilities' model-request hooks (`request_step`)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
     def __repr__(self) -> str:
@@ -434,7 +437,7 @@ class CodeModeAgent:
         pydantic-ai's output types of the agent's `output_type` (an output function's return type, a union of
         its members); `str` for a text agent.
         """
-        kinds = types_from_output_spec(self.agent.output_type)  # pinned by tests/test_compat.py
+        kinds = output_types(self.agent.output_type)
         return kinds[0] if len(kinds) == 1 else Union[tuple(kinds)]  # noqa: UP007 (a union built at runtime)
 
     @property
@@ -507,7 +510,12 @@ class CodeModeAgent:
         return self._deps_factory is not None
 
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
-                     attempt: int = 1, deps: Any = None) -> RunContext[Any]:
+                     attempt: int = 1, max_retries: int | None = None, deps: Any = None) -> RunContext[Any]:
+        """The `RunContext` pydantic-ai would give a tool, a `prepare` function or a hook of this run, on the worker.
+
+        `max_retries`: the tool's own budget (`ToolsetTool.max_retries`) for a tool call; elsewhere the agent's
+        tool budget, which a toolset listing its tools gives those without one of their own.
+        """
         model = self.agent.model
         run_id = activity.info().workflow_id if activity.in_activity() else None  # the durable run's id
         ctx = RunContext(
@@ -519,11 +527,11 @@ class CodeModeAgent:
             tool_call_id=call_id,
             retry=attempt - 1,
             retries={tool_name: attempt - 1} if tool_name else {},
-            max_retries=self.agent._max_tool_retries,  # what a tool without its own max_retries gets
+            max_retries=agent_settings(self.agent).tool_retries if max_retries is None else max_retries,
             run_id=run_id, conversation_id=run_id,  # a durable run is one conversation, continued as new or not
             capabilities=registered_capabilities(self.agent),
         )
-        validation = self.agent._validation_context  # pinned by tests/test_compat.py
+        validation = self.agent.validation_context
         return replace(ctx, validation_context=validation(ctx) if callable(validation) else validation)
 
     async def tools(
@@ -827,72 +835,34 @@ class CodeModeAgent:
 
     async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
                       deps: Any = None, model_settings: Mapping[str, Any] | None = None,
-                      output: OutputSpec | None = None,
-                      native_tools: Sequence[AbstractNativeTool] = ()) -> ModelResponse:
-        """One model request with the recorded tool definitions (`deps`, `model_settings`: the run's, as recorded).
+                      output: OutputSpec | None = None, native_tools: Sequence[AbstractNativeTool] = (),
+                      hooked: bool = False, usage: RunUsage | None = None, run_step: int | None = None,
+                      output_retries: int = 0) -> ModelStep:
+        """The run's next model request, made by pydantic-ai's own graph for one step (`_model_step.model_step`).
 
-        The run's model settings go over the agent's, merged as `Agent.run(model_settings=...)` merges them; the
-        recorded output spec says what output to ask for (the model resolves `auto` and prompted instructions).
+        With the recorded tool definitions, output tools, provider tools and instructions; the run's deps and model
+        settings (layered over the agent's and its capabilities' by pydantic-ai). `hooked` runs told a model-request
+        hook the run's step, usage and output retries (`AgentSpec.model_request_hooks`); others need none. A model
+        selector (`SelectModel`) picks the step's model first, unless the run has a model of its own (as
+        `Agent.run(model=...)`), in this activity, so a replay never asks it again.
         """
         model = self.resolve_model(override)
-        settings, parameters = self._settings(deps, model_settings), self._parameters(tools, output, native_tools)
-        instrumentation = instrumentation_of(self.agent)
-        if instrumentation is None:
-            return await send(model, list(messages), settings, parameters)
-        ctx = replace(instrumented_context(self._run_context(deps=self.run_deps(deps)), instrumentation),
-                      model=model, messages=list(messages), model_settings=settings, prompt=_last_prompt(messages))
-        return await instrumented_request(self.agent, ctx, ModelRequestContext(
-            model=model, messages=list(messages), model_settings=settings, model_request_parameters=parameters))
-
-    @staticmethod
-    def _parameters(tools: list[ToolDefinition], output: OutputSpec | None,
-                    native_tools: Sequence[AbstractNativeTool] = ()) -> ModelRequestParameters:
-        if output is None:
-            return ModelRequestParameters(function_tools=tools, native_tools=list(native_tools),
-                                          allow_text_output=True)
-        return ModelRequestParameters(
-            function_tools=tools, native_tools=list(native_tools), output_mode=cast(Any, output.mode),
-            output_tools=output.tools,
-            output_object=output.object_def, prompted_output_template=output.prompted_template,
-            allow_text_output=output.allows_text, allow_image_output=output.allows_image)
-
-    async def request_step(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition],
-                           *, deps: Any = None, model_settings: Mapping[str, Any] | None = None,
-                           output: OutputSpec | None = None, usage: RunUsage | None = None,
-                           run_step: int = 0, output_retries: int = 0,
-                           native_tools: Sequence[AbstractNativeTool] = ()) -> ModelStep:
-        """One model request with the capabilities' model-request hooks around it, where `agent.run()` runs them.
-
-        The hooks get the `RunContext` pydantic-ai gives them: the run's deps, its history (`ctx.messages`, which
-        they may rewrite: `ProcessHistory` does), usage so far, run step, model and settings. Their effect is what
-        this returns (the activity's result), so a replay reads it instead of calling them again.
-        """
-        model = self.resolve_model(override)
-        settings = self._settings(deps, model_settings)
         history = list(messages)
-        ctx = replace(instrumented_context(self._run_context(deps=self.run_deps(deps)), instrumentation_of(self.agent)),
-                      model=model, messages=history,
-                      usage=usage or RunUsage(), run_step=run_step, model_settings=settings,
-                      prompt=_last_prompt(messages))
-        chosen: Any = override or self.agent.model
-        if self._model_selector is not None and override is None:  # as `Agent.run(model=...)`, a run's model wins
-            model, chosen = await self._selected_model(ctx, model, history, output_retries)
-            ctx = replace(ctx, model=model)
-        request = ModelRequestContext(model=model, messages=history[:], model_settings=settings,
-                                      model_request_parameters=self._parameters(tools, output, native_tools),
-                                      model_id=chosen if isinstance(chosen, str) else None)
-        response, retry = await request_through_hooks(self.agent, ctx, request, self._fallback_model)
-        budget = self.agent._max_output_retries  # pinned by tests/test_compat.py
-        if retry is not None and output_retries >= budget:
-            # As `agent.run()` ends a run whose output retries are used up; without it a hook that always asks
-            # for a retry before the request would loop the run forever (no request is made, none is counted).
-            raise UnexpectedModelBehavior(f"Exceeded maximum output retries ({budget})")
-        rewritten = len(history) != len(messages) or any(a is not b for a, b in zip(history, messages, strict=True))
-        return ModelStep(response=response, retry=retry, messages=history if rewritten else None)
+        run_deps = self.run_deps(deps)
+        if self._model_selector is not None and override is None:
+            model = await self._selected_model(model, history, run_deps, run_step or 1, output_retries,
+                                               usage or RunUsage())
+        return await model_step(
+            self.agent, extra_capabilities(self.agent), model=model, messages=history, tools=tools,
+            native_tools=native_tools, output=output, deps=run_deps,
+            model_settings=cast(ModelSettings, dict(model_settings)) if model_settings else None,
+            usage=usage if hooked else None, run_step=run_step if hooked else None,
+            output_retries=output_retries, run_id=activity.info().workflow_id if activity.in_activity() else None,
+            instrumentation=instrumentation.settings if (instrumentation := instrumentation_of(self.agent)) else None)
 
-    async def _selected_model(self, ctx: RunContext[Any], default: Model, history: list[ModelMessage],
-                              output_retries: int) -> tuple[Model, Model | str]:
-        """The model a selector (`SelectModel`) picks for this step, and the selection (a model or its name).
+    async def _selected_model(self, default: Model, history: list[ModelMessage], deps: Any, run_step: int,
+                              output_retries: int, usage: RunUsage) -> Model:
+        """The model a selector (`SelectModel`) picks for this step.
 
         It gets pydantic-ai's `ModelSelectionContext`: on the first step the agent's model, then the one that
         answered the step before, as the last response recorded it (`model_id`): one this worker's selector picked,
@@ -906,33 +876,17 @@ class CodeModeAgent:
         if previous is not None and previous.model_id and previous.model_id != default.model_id:
             lower = self._selected_models.get(previous.model_id) or _built_or_none(previous.model_id) or default
         selection = self._model_selector(ModelSelectionContext(
-            agent=self.agent, deps=ctx.deps, model=lower, run_step=ctx.run_step, prompt=ctx.prompt,
-            messages=list(history), usage=ctx.usage, retry=output_retries,
-            max_retries=self.agent._max_output_retries, run_id=ctx.run_id))  # pinned by tests/test_compat.py
+            agent=self.agent, deps=deps, model=lower, run_step=run_step, prompt=_last_prompt(history),
+            messages=list(history), usage=usage, retry=output_retries,
+            max_retries=agent_settings(self.agent).output_retries,
+            run_id=activity.info().workflow_id if activity.in_activity() else None))
         if inspect.isawaitable(selection):
             selection = await selection
         if isinstance(selection, Model):
             self._selected_models[selection.model_id] = selection
-            return selection, selection
+            return selection
         return build_model(selection, subject=f"agent {self.name!r}", whose="the model its SelectModel picked",
-                           otherwise="have the selector pick a model that works on this worker"), selection
-
-    def _settings(self, deps: Any, model_settings: Mapping[str, Any] | None) -> ModelSettings | None:
-        """The request's settings, layered as `Agent.run` layers them.
-
-        The agent's, then its capabilities' (`Thinking`), then the run's; a layer given as a function of the run
-        context sees the layers before it as `ctx.model_settings`.
-        """
-        merged: ModelSettings | None = None
-        ctx: RunContext[Any] | None = None
-        layers = (self.agent.model_settings, self.agent._cap_model_settings,  # pinned by tests/test_compat.py
-                  cast(ModelSettings, dict(model_settings)) if model_settings else None)
-        for layer in layers:
-            if callable(layer):  # per-run settings from a function of the run context
-                ctx = ctx or self._run_context(deps=self.run_deps(deps))
-                layer = layer(replace(ctx, model_settings=merged))
-            merged = merge_model_settings(merged, layer)
-        return merged
+                           otherwise="have the selector pick a model that works on this worker")
 
     async def check_output(self, messages: list[ModelMessage], response: ModelResponse, *, retries: int,
                            deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> OutputVerdict:
@@ -957,11 +911,11 @@ class CodeModeAgent:
             with probing(self.agent):
                 async with self.agent.iter(message_history=messages, model=model, deps=self.run_deps(deps),
                                            model_settings=cast(ModelSettings | None, model_settings)) as run:
-                    run.ctx.state.output_retries_used = retries  # pinned by tests/test_compat.py
+                    start_step(run, output_retries=retries)
                     node: Any = run.next_node
                     while not isinstance(node, End):
-                        if isinstance(node, CallToolsNode):
-                            _set_output_tool_retries(run.ctx.deps.tool_manager, retries)
+                        if isinstance(node, CallToolsNode):  # its tool manager is the step's: count on it too
+                            start_step(run, output_retries=retries)
                         node = await run.next(node)
         except _Probed as probed:
             last = probed.messages[-1]
@@ -980,9 +934,7 @@ class CodeModeAgent:
         """
         ctx = self._ending_context(override, messages, usage, deps)
         typed = _adapter(self.output_type).validate_python(output)
-        result = AgentRunResult(output=typed, _state=GraphAgentState(  # pinned by tests/test_compat.py
-            message_history=list(messages), usage=usage))
-        return jsonable(await run_after_run(self.agent, ctx, result))
+        return jsonable(await run_after_run(self.agent, ctx, agent_run_result(typed, messages, usage)))
 
     async def on_run_error(self, override: str | None, messages: list[ModelMessage], usage: RunUsage,
                            error: BaseException, *, deps: Any = None) -> Any:
@@ -1035,7 +987,8 @@ class CodeModeAgent:
                 "describes other arguments or another result than the stub this run's programs were checked "
                 "against, so the call was not made. Runs started from now on see the new schema; start a new run "
                 "to use it")
-        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, deps=run_deps)
+        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, max_retries=tool.max_retries,
+                                deps=run_deps)
         if usage is not None:
             ctx = replace(ctx, usage=usage)
         instrumentation = instrumentation_of(self.agent)

@@ -18,7 +18,13 @@ from .._approvals import GROUP_PREFIX, ApproverPolicy, RecordedApproverPolicy
 from .._errors import CodeModeUserError
 from .._signing import ApproverKeyring
 
-__all__ = ["ApprovalAuthority", "ApproverDirectory"]
+__all__ = ["APPROVER_DIRECTORY_ENV", "APPROVER_KEYS_ENV", "ApprovalAuthority", "ApproverDirectory"]
+
+APPROVER_KEYS_ENV = "CODEMODE_APPROVER_KEYS"
+"""The approvers' public key files for `codemode dev` / `codemode worker` / `python worker.py` without
+`--approver-keys`: one path, or several separated by `os.pathsep` (`:`)."""
+APPROVER_DIRECTORY_ENV = "CODEMODE_APPROVER_DIRECTORY"
+"""The approver directory file (`{"finance": ["ana", "bob"]}`) for the bundled worker without `--approver-directory`."""
 
 DirectorySource = Mapping[str, Sequence[str]] | Callable[[str], Iterable[str] | None] | str | os.PathLike[str]
 """Groups and their members: a mapping, a function of the group name (`None`: no such group), or a JSON file."""

@@ -1,16 +1,15 @@
-"""Which pydantic-ai capability hooks a durable run applies, and the model requests and tool calls through them.
+"""Which pydantic-ai capability hooks a durable run applies, where, and the tool calls and run hooks through them.
 
 A durable run calls each tool in its own activity, asks the model in the model activity, and checks each candidate
 answer in the output activity, all on the worker. There:
 - pydantic-ai's own `ToolManager` and output processing dispatch a capability's tool hooks and output hooks exactly
   as `agent.run()` does, with the call's `RunContext`;
-- the model activity runs the model-request hooks (`wrap_model_request` around `before_model_request`, then
-  `prepare_model_request`, the model call with `on_model_request_error`, `after_model_request`), each chained over
-  the capabilities by pydantic-ai's own `CombinedCapability`, in the order `ModelRequestNode` calls them. That covers
-  `ProcessHistory` (a `before_model_request` hook): the history it writes back is adopted by the run, as in
-  `agent.run()`. The attempt loop is pydantic-ai's too (`RetryModelRequest`, so `ModelFallback` works);
-- a capability's model settings (`Thinking`) are layered into every request's, and its instructions are resolved
-  with the agent's when the run starts (`before_run` runs then too, in the describe activity);
+- the model activity makes each model request through pydantic-ai's own agent graph, for one step
+  (`_model_step`): the model-request hooks, `compact_history`, the attempt loop `ModelFallback` drives and a
+  capability's model wrapper all run as in `agent.run()`, and `ProcessHistory`'s rewritten history is adopted by
+  the run;
+- a capability's model settings (`Thinking`) are layered into every request's (by that step), and its
+  instructions are resolved with the agent's when the run starts (`before_run` runs then too, in describe);
 - pydantic-ai's `Instrumentation` (an agent's own, or the one `agent.instrument` / `Agent.instrument_all()` inject,
   which is how Logfire's `instrument_pydantic_ai()` switches it on) makes its model-request, tool and
   output-function spans in the activities that do that work. It is the worker's concern, not the run's: it is read
@@ -26,16 +25,12 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from pydantic_ai import Agent, AgentRunResult, RunContext
-from pydantic_ai._agent_graph import MAX_MODEL_REQUEST_ATTEMPTS
-from pydantic_ai._fallback import AttemptLog
-from pydantic_ai._model_request_attempts import AttemptStart
-from pydantic_ai._utils import Some
 from pydantic_ai.capabilities import (
     AbstractCapability,
     CombinedCapability,
@@ -46,21 +41,13 @@ from pydantic_ai.capabilities import (
     WrapperCapability,
 )
 from pydantic_ai.capabilities.abstract import ModelSelector, WrapModelRequestHandler, WrapRunHandler
-from pydantic_ai.exceptions import ModelRetry, RetryModelRequest, SkipModelRequest, UserError
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryFeedbackPart,
-    RetryInfo,
-    ToolCallPart,
-    _clean_message_history,  # pinned by tests/test_compat.py
-)
-from pydantic_ai.models import Model, ModelRequestContext, ModelRequestParameters
-from pydantic_ai.settings import ModelSettings
+from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, CombinedToolset
+
+from .._pydantic_ai import instrumentation_settings, override_root_capability, registered_hooks, run_capabilities
 
 __all__ = [
     "APPLIED_HOOKS",
@@ -74,17 +61,15 @@ __all__ = [
     "has_run_error_hooks",
     "instrumentation_of",
     "instrumented_context",
-    "instrumented_request",
     "model_selector",
     "probing",
     "registered_capabilities",
-    "request_through_hooks",
     "run_after_run",
     "run_before_run",
     "run_on_run_error",
     "run_toolset",
-    "send",
     "unapplied_hooks",
+    "unsupported_model_wrappers",
     "unsupported_tool_search",
     "wraps_toolsets",
 ]
@@ -103,9 +88,10 @@ OUTPUT_HOOKS = frozenset({
 
 MODEL_REQUEST_HOOKS = frozenset({
     "before_model_request", "prepare_model_request", "after_model_request", "wrap_model_request",
-    "on_model_request_error",
+    "on_model_request_error", "compact_history",
 })
-"""Dispatched by `request_through_hooks` in the model activity, around the model call of each request."""
+"""Dispatched by pydantic-ai's graph in the model activity (`_model_step`), around each request's model call.
+(`compact_history` exists from pydantic-ai 2.69; where it does not, no capability has it.)"""
 
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 """Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), `after_run` once
@@ -114,8 +100,9 @@ run-error activity (`run_on_run_error`)."""
 
 APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {
     "before_run", "after_run", "on_run_error", "get_model_settings", "get_instructions", "get_toolset",
-    "get_wrapper_toolset", "prepare_tools", "prepare_output_tools"}
+    "get_wrapper_toolset", "prepare_tools", "prepare_output_tools", "get_wrapper_model"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
+`get_wrapper_model` (`ModelFallback` from pydantic-ai 2.69): the model step's model is wrapped, as in `agent.run()`.
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded.
 `prepare_tools` / `prepare_output_tools`: called once, when the run starts (describe), with the run's prompt and
 deps, as a tool's own `prepare` is: the tools they leave (and their definitions as they changed them) are the ones
@@ -139,7 +126,6 @@ REFUSED_HOOKS: dict[str, str] = {
     "get_native_tools": "a provider tool with a local fallback (NativeOrLocalTool): which of the two a request "
                         "uses depends on its model, while a run's sandbox tools are fixed when it starts; give "
                         "native=False (the local tool) or local=False (the provider's)",
-    "get_wrapper_model": "the model activity calls the run's model itself",
     "get_model": "a durable run's model is the agent's, start_run(model=...)'s, or one a selector picks for each "
                  "step (SelectModel): a capability that is the model itself is not applied; give the agent a model "
                  "of its own (ModelFallback then falls back from it)",
@@ -156,7 +142,7 @@ REFUSED_HOOKS: dict[str, str] = {
 _NOT_HOOKS = frozenset({
     "apply", "combine", "for_agent", "for_run", "from_spec", "get_ordering", "get_serialization_name",
     "get_description", "has_on_event", "has_resolve_model_id", "has_wrap_node_run", "has_wrap_run_event_stream",
-    "listens_to", "replace_occurrence", "visit_and_replace",
+    "listens_to", "replace_occurrence", "visit_and_replace", "with_authority",
 })
 """Public methods of `AbstractCapability` that describe or build a capability rather than act in a run."""
 
@@ -171,7 +157,7 @@ def _hook_names() -> frozenset[str]:
 def _hooks_of(capability: AbstractCapability[Any]) -> set[str]:
     """The hooks `capability` acts through: a `Hooks`' registered ones, else the methods its class overrides."""
     if isinstance(capability, Hooks):
-        return {name for name, entries in capability._registry.items() if entries}  # pinned by test_compat
+        return registered_hooks(capability)
     if isinstance(capability, WrapperCapability):  # e.g. `PrefixTools`: what it adds, and what it wraps does
         return {name for name in _hook_names()
                 if getattr(type(capability), name, None) not in (getattr(AbstractCapability, name),
@@ -212,7 +198,7 @@ def instrumentation_of(agent: Agent[Any, Any]) -> Instrumentation | None:
     for capability in _capabilities(agent):
         if type(capability) is Instrumentation:  # a subclass may add hooks: it stays in `extra_capabilities`
             return capability
-    settings = agent._resolve_instrumentation_settings()  # pinned by tests/test_compat.py
+    settings = instrumentation_settings(agent)
     return None if settings is None else Instrumentation(settings=settings)
 
 
@@ -221,9 +207,7 @@ def registered_capabilities(agent: Agent[Any, Any]) -> dict[str, AbstractCapabil
 
     A capability's toolset (`Toolset`, a local `WebSearch`, ...) finds its owner there when it lists its tools.
     """
-    from pydantic_ai.agent import _build_run_capabilities  # pinned by tests/test_compat.py
-
-    return _build_run_capabilities(agent.root_capability)
+    return run_capabilities(agent)
 
 
 def instrumented_context(ctx: RunContext[Any], instrumentation: Instrumentation | None) -> RunContext[Any]:
@@ -271,6 +255,18 @@ def unsupported_tool_search(agent: Agent[Any, Any]) -> list[str]:
                          "starts, so a capability loaded on demand never would be: drop defer_loading=True and its "
                          "tools are the run's from its start)")
     return found
+
+
+def unsupported_model_wrappers(agent: Agent[Any, Any]) -> list[str]:
+    """The model wrappers of `agent` a durable run refuses by name (other `get_wrapper_model`s are applied).
+
+    `BatchModelRequests` sends each request through its provider's batch API, where a result can take up to a day:
+    far past a model activity's timeout, and a durable run's requests are each their own activity anyway.
+    """
+    return [f"{type(capability).__name__} (a batched request can wait up to a day for its provider's batch, far "
+            "past a model activity's 5-minute timeout; a durable run makes each request in an activity of its own: "
+            "drop it, or run the agent with agent.run())"
+            for capability in extra_capabilities(agent) if type(capability).__name__ == "BatchModelRequests"]
 
 
 def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
@@ -373,6 +369,12 @@ class _Quiet(WrapperCapability[Any]):
                                      error: Exception) -> ModelResponse:
         raise error
 
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        return None  # a probe's model is the worker's: a fallback chain around it would catch the probe's end
+
+    async def compact_history(self, ctx: RunContext[Any], request: Any) -> Any:
+        return None  # from pydantic-ai 2.69; a probe compacts nothing (the model step does, for the run)
+
 
 class _QuietInstrumentation(Instrumentation):
     """`Instrumentation` without its run and model-request spans, for the worker's probing runs.
@@ -413,8 +415,8 @@ def probing(agent: Agent[Any, Any], *, preparing: bool = False) -> Iterator[None
     its own `Instrumentation`). `preparing`: the probe is the run's start, where its tools are prepared (describe);
     otherwise `prepare_tools` / `prepare_output_tools` are masked as well (`_Prepared`).
 
-    Uses the override slot `Agent.override(spec=...)` sets (a `ContextVar`, so concurrent activities on the
-    worker, and `agent.run()` elsewhere in the process, are untouched).
+    The override is scoped to this task (`override_root_capability`), so concurrent activities on the worker, and
+    `agent.run()` elsewhere in the process, are untouched.
     """
     masking = _MASKED if preparing else _MASKED | _PREPARE_HOOKS
     mask = _Quiet if preparing else _Prepared
@@ -427,12 +429,8 @@ def probing(agent: Agent[Any, Any], *, preparing: bool = False) -> Iterator[None
         mask(c) if c in masked else c for c in _capabilities(agent) if type(c) is not Instrumentation]
     if instrumentation is not None:
         layers.insert(0, _QuietInstrumentation(settings=instrumentation.settings))
-    quiet = CombinedCapability(layers)
-    token = agent._override_root_capability.set(Some(quiet))  # pinned by tests/test_compat.py
-    try:
+    with override_root_capability(agent, layers):
         yield
-    finally:
-        agent._override_root_capability.reset(token)
 
 
 async def run_before_run(agent: Agent[Any, Any], ctx: RunContext[Any]) -> None:
@@ -461,155 +459,6 @@ def _own(agent: Agent[Any, Any]) -> CombinedCapability[Any]:
     """
     instrumentation = instrumentation_of(agent)
     return CombinedCapability([*([instrumentation] if instrumentation else []), *extra_capabilities(agent)])
-
-
-def prepared_history(model: Model, messages: list[ModelMessage],
-                     parameters: ModelRequestParameters) -> list[ModelMessage]:
-    """The history as pydantic-ai's agent graph hands it to `model` (`ModelRequestNode._prepare_attempt`).
-
-    The graph cleans the history (consecutive requests merged, a dangling tool call answered) and runs
-    `Model.prepare_messages`, which renders what adapters cannot: a `RetryFeedbackPart` (every output retry a
-    durable run asks for) becomes the fenced user text providers are sent, an appending system prompt its
-    `<pyai:context>` element. A provider's adapter refuses the raw parts with "`RetryFeedbackPart` cannot be
-    rendered by this model" (only `FunctionModel` accepts them). The run's recorded history is not changed.
-    """
-    cleaned = _clean_message_history(list(messages), repair_last_response=True)  # pinned by tests/test_compat.py
-    prepared = model.prepare_messages(cleaned, parameters)
-    return _clean_message_history(prepared, repair_last_response=True) if prepared is not cleaned else prepared
-
-
-async def send(model: Model, messages: list[ModelMessage], settings: ModelSettings | None,
-               parameters: ModelRequestParameters) -> ModelResponse:
-    """`model.request(...)` on the history as pydantic-ai's agent graph hands it to a model (`prepared_history`)."""
-    return await model.request(prepared_history(model, messages, parameters), settings, parameters)
-
-
-async def instrumented_request(agent: Agent[Any, Any], ctx: RunContext[Any],
-                               request_context: ModelRequestContext) -> ModelResponse:
-    """One model request of an agent without model-request hooks, inside its `Instrumentation`'s span if any."""
-    async def handler(request: ModelRequestContext) -> ModelResponse:
-        return await send(request.model, request.messages, request.model_settings, request.model_request_parameters)
-
-    instrumentation = instrumentation_of(agent)
-    if instrumentation is None:
-        return await handler(request_context)
-    root = await instrumentation.for_run(ctx)
-    return await root.wrap_model_request(ctx, request_context=request_context, handler=handler)
-
-
-async def request_through_hooks(agent: Agent[Any, Any], ctx: RunContext[Any], request_context: ModelRequestContext,
-                                resolve_model: Callable[[str], Model]) -> tuple[ModelResponse | None,
-                                                                                ModelRequest | None]:
-    """Make one model request with every model-request hook of `agent` around it, as `ModelRequestNode` does.
-
-    `ctx.messages` is the run's history (a hook such as `ProcessHistory` may rewrite it in place, for the caller
-    to adopt). Returns the response, or (a hook raised `ModelRetry`) the response kept for context, if the model
-    was called, and the retry request pydantic-ai would send next. `SkipModelRequest`'s response is the response.
-    `RetryModelRequest` from `prepare_model_request`, `on_model_request_error` or `after_model_request` makes
-    another attempt (`_attempts`), on the model it names (`resolve_model` builds one given as a string), as
-    `ModelFallback` asks. Errors of the model call that no hook recovers propagate raw (the activity classifies
-    them), a `FallbackExceptionGroup` when a fallback chain ran out of models.
-    """
-    root = await _own(agent).for_run(ctx)
-    kept: list[ModelResponse] = []
-
-    async def handler(request: ModelRequestContext) -> ModelResponse:
-        request = await root.before_model_request(ctx, request)
-        return await _attempts(root, ctx, request, resolve_model, kept)
-
-    try:
-        try:
-            return await root.wrap_model_request(ctx, request_context=request_context, handler=handler), None
-        except RetryModelRequest as e:
-            raise UserError(_RETRY_OUTSIDE_ATTEMPTS) from e
-    except SkipModelRequest as e:
-        return e.response, None
-    except ModelRetry as e:
-        # As `_build_retry_node`: the model is asked again with the hook's message; what it said stays in history.
-        return (kept[-1] if kept else None), ModelRequest(
-            parts=[RetryFeedbackPart(content=e.message, retry=RetryInfo("model_retry"))])
-
-
-_RETRY_OUTSIDE_ATTEMPTS = (  # pydantic-ai's words (`_outside_attempts`)
-    "`RetryModelRequest` can only be raised from `prepare_model_request`, `on_model_request_error` or "
-    "`after_model_request`: `before_model_request` and `wrap_model_request` run once per request step, "
-    "before any attempt. To use another model for the whole step, set `request_context.model` instead.")
-
-
-async def _attempts(root: AbstractCapability[Any], ctx: RunContext[Any], request: ModelRequestContext,
-                    resolve_model: Callable[[str], Model], kept: list[ModelResponse]) -> ModelResponse:
-    """Attempt `request` until a response is accepted, as pydantic-ai's `ModelRequestNode._request_attempts`.
-
-    Each attempt starts from what `before_model_request` made (so one never inherits another model's preparation),
-    runs `prepare_model_request`, calls the model, and hands the error to `on_model_request_error` or the response
-    to `after_model_request`; any of the three may raise `RetryModelRequest` for another attempt. The attempts
-    moved on from are recorded on the answer (`ModelResponse.failed_attempts`, with `model_id` what
-    `ModelFallback(sticky=True)` reads back) with their usage, which the run counts. The latest response the model
-    gave goes into `kept`.
-    """
-    messages, settings, parameters = list(request.messages), request.model_settings, request.model_request_parameters
-    failed = AttemptLog()  # pinned by tests/test_compat.py
-    while True:
-        kept.clear()  # each attempt's response state starts empty, as pydantic-ai's
-        request.messages, request.model_settings = list(messages), settings
-        request.model_request_parameters = parameters
-        try:
-            prepared = await root.prepare_model_request(ctx, request)
-        except RetryModelRequest as retry:
-            _next_attempt(request, retry, resolve_model)
-            continue
-        # Like pydantic-ai, keep the object outer `wrap_model_request` hooks hold, with what a hook returned.
-        request.model, request.messages = prepared.model, list(prepared.messages)
-        request.model_settings, request.model_request_parameters = prepared.model_settings or None, \
-            prepared.model_request_parameters
-        request.model_id = prepared.model_id
-        # As the graph, before the call (not one of its errors): the hooks after it see what the model was handed.
-        request.messages = prepared_history(request.model, request.messages, request.model_request_parameters)
-        start = AttemptStart()  # pinned by tests/test_compat.py
-        outcome: Exception | ModelResponse
-        try:
-            outcome = response = await request.model.request(request.messages, request.model_settings,
-                                                             request.model_request_parameters)
-        except (ModelRetry, SkipModelRequest, RetryModelRequest):
-            raise
-        except Exception as e:
-            outcome = e
-            try:
-                response = await root.on_model_request_error(ctx, request_context=request, error=e)
-            except RetryModelRequest as retry:
-                _next_attempt(request, retry, resolve_model, failed=(failed, e, start))
-                continue
-        # Which of the run's models answered, as pydantic-ai records it (`ModelFallback(sticky=True)` reads it).
-        serving = request.model_id or request.model.model_id
-        kept.append(response := failed.attach(response))
-        response.model_id = response.model_id or serving
-        try:
-            accepted = await root.after_model_request(ctx, request_context=request, response=response)
-        except RetryModelRequest as retry:
-            _next_attempt(request, retry, resolve_model, failed=(failed, outcome, start))
-            continue
-        accepted.model_id = accepted.model_id or serving
-        return accepted
-
-
-def _next_attempt(request: ModelRequestContext, retry: RetryModelRequest, resolve_model: Callable[[str], Model], *,
-                  failed: tuple[AttemptLog, Exception | ModelResponse, AttemptStart] | None = None) -> None:
-    """Move `request` on to its next attempt, in place, as `ModelRequestNode._start_next_attempt` does.
-
-    `failed` is the log, failure and start of an attempt that got as far as the model, to record it as moved on
-    from (an attempt `prepare_model_request` retried never reached a model).
-    """
-    if failed is not None:
-        log, failure, start = failed
-        log.record(request.model, failure, start, parent=None, tracer=None)
-    if request.attempt >= MAX_MODEL_REQUEST_ATTEMPTS:
-        raise UserError(f"Model request was attempted more than the maximum of {MAX_MODEL_REQUEST_ATTEMPTS} times: "
-                        "a capability is raising `RetryModelRequest` without making progress.") from retry
-    if isinstance(retry.model, Model):
-        request.model, request.model_id = retry.model, None
-    elif retry.model is not None:
-        request.model, request.model_id = resolve_model(retry.model), retry.model
-    request.attempt += 1
 
 
 def wraps_toolsets(agent: Agent[Any, Any]) -> bool:

@@ -10,16 +10,26 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NoReturn, Protocol
 
+from pydantic import TypeAdapter
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 from .._approvals import (
     ApprovalDecision,
     ApprovalRecord,
+    BatchDecision,
     PendingApproval,
     RecordedApproverPolicy,
     RejectedDecision,
+)
+from .._decisions import (
+    DecisionFieldError,
+    read_batch,
+    read_decision,
+    rejected_entry,
+    update_id_problem,
 )
 from .._errors import CodeModeUserError
 from .._names import call_digest
@@ -93,9 +103,13 @@ class DecisionRules:
     """Decisions must be signed (`AgentSpec.signed_approvals`)."""
     starter: str | None
     """Who started the run (`RunInput.started_by`)."""
+    bounded_signals: bool = False
+    """A signal's decision is held to the update's field rules (`AgentSpec.bounded_signals`)."""
 
 
 _RECENT_REJECTIONS = 50
+
+_DECISION_JSON = TypeAdapter(ApprovalDecision)
 
 
 class Approvals:
@@ -112,6 +126,57 @@ class Approvals:
         self.rejected: deque[RejectedDecision] = deque(maxlen=_RECENT_REJECTIONS)
         """Recent decisions the update validator refused. Kept in the worker's memory only (a refused decision
         never enters the history), so it starts empty when a worker loads the run again."""
+
+    def asked(self) -> set[str]:
+        """The calls this run has asked a person about (waiting, being voted on, or decided)."""
+        return {*self.pending, *self.votes, *self.decided}
+
+    def checked(self, raw: Any, *, update_id: str, keyring: ApproverKeyring) -> ApprovalDecision:
+        """The `decide` update's input as a decision this run may take now (the update validator).
+
+        Raises:
+            ApplicationError: `ApprovalRejected`, not retryable, saying why (a malformed field, by name; an update
+                id reserved for another decision; the call, the approver policy, the signature); the refusal is
+                remembered for the `rejected_decisions` query.
+
+        """
+        try:
+            decision = read_decision(raw)
+        except DecisionFieldError as e:
+            self._refuse(rejected_entry(raw, str(e), workflow.now()))
+        problem = update_id_problem(update_id, decision, self.asked()) or self.refusal(decision, keyring=keyring)
+        if problem:
+            self._refuse(self._rejected(decision, problem))
+        return decision
+
+    def checked_batch(self, raw: Any, *, update_id: str, keyring: ApproverKeyring) -> list[ApprovalDecision]:
+        """The `decide_all` update's input as the decisions it makes, if this run may take them all (as `checked`)."""
+        try:
+            batch = read_batch(raw, self.asked())
+        except DecisionFieldError as e:
+            self._refuse(rejected_entry(raw, str(e), workflow.now(), call_id="(every waiting call)"))
+        problem = update_id_problem(update_id, None, self.asked())
+        if problem is None and not self.pending:
+            problem = "no call is waiting for approval in this run"
+        if problem:
+            self._refuse(rejected_entry(raw, problem, workflow.now(), call_id="(every waiting call)"))
+        decisions = self.batch_decisions(batch)
+        for decision in decisions:
+            refusal = self.refusal(decision, keyring=keyring)
+            if refusal:
+                self._refuse(self._rejected(decision, refusal))
+        return decisions
+
+    def batch_decisions(self, batch: BatchDecision) -> list[ApprovalDecision]:
+        """A `decide_all` batch as one decision per waiting call, in call id order."""
+        return [ApprovalDecision(call_id=call_id, approved=batch.approved, note=batch.note, approver=batch.approver,
+                                 key_id=batch.key_id, signature=batch.signatures.get(call_id),
+                                 expires_at=batch.expires_at)
+                for call_id in sorted(self.pending)]
+
+    def _refuse(self, entry: RejectedDecision) -> NoReturn:
+        self.rejected.append(entry)
+        raise ApplicationError(entry.reason, type="ApprovalRejected", non_retryable=True)
 
     def problem(self, call_id: str) -> str | None:
         """Why a decision about `call_id` cannot be taken now, or `None` if it can."""
@@ -131,11 +196,17 @@ class Approvals:
         `keyring`: the worker's approver keys, to verify signatures (the update validator, which a replay never
         runs again); `None` for signals, which a replay does run again, so they cannot depend on keys.
         """
+        rules = self.rules
+        if keyring is None and rules.bounded_signals:
+            # A signal's input is decoded before it gets here, so it is checked as it would have arrived as JSON.
+            try:
+                read_decision(_DECISION_JSON.dump_python(decision, mode="json"))
+            except DecisionFieldError as e:
+                return str(e)
         problem = self.problem(decision.call_id)
         if problem:
             return problem
         pending = self.pending[decision.call_id]
-        rules = self.rules
         if keyring is None and rules.signed:
             return ("this run takes only signed decisions, and signals cannot be checked for a signature: send the "
                     "decision by the `decide` update (codemode approve, durable_codemode.decide)")
@@ -171,11 +242,10 @@ class Approvals:
                     "approver_keys=...) the approvers' public keys")
         return keyring.verify(decision.key_id, decision.signature, payload, decision.approver)
 
-    def reject(self, decision: ApprovalDecision, reason: str) -> None:
-        """Remember a refused decision for the `rejected_decisions` query (worker memory only, see `rejected`)."""
-        self.rejected.append(RejectedDecision(call_id=decision.call_id, approver=decision.approver,
-                                              key_id=decision.key_id, approved=decision.approved, reason=reason,
-                                              at=workflow.now()))
+    @staticmethod
+    def _rejected(decision: ApprovalDecision, reason: str) -> RejectedDecision:
+        return RejectedDecision(call_id=decision.call_id, approver=decision.approver, key_id=decision.key_id,
+                                approved=decision.approved, reason=reason, at=workflow.now())
 
     def decide(self, decision: ApprovalDecision, *, via: Literal["update", "signal", "timeout"]) -> ApprovalRecord:
         """Record a decision on a pending call (the caller has checked `refusal()` first); settle it when it may.

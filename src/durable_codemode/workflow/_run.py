@@ -46,12 +46,12 @@ with workflow.unsafe.imports_passed_through():
         REJECTED_DECISIONS_QUERY,
         ApprovalDecision,
         ApprovalRecord,
-        BatchDecision,
         ChildApprovals,
         PendingApproval,
         RejectedDecision,
     )
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
+    from .._decisions import batch_of, decision_of
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         AFTER_RUN_ACTIVITY,
@@ -234,54 +234,57 @@ class CodeModeRunWorkflow:
         return list(self._approvals.rejected)
 
     @workflow.update(name=DECIDE_UPDATE)
-    def decide(self, decision: ApprovalDecision) -> ApprovalRecord:
-        """Approve or deny one waiting call; returns the audit record."""
-        record = self._approvals.decide(decision, via="update")
+    def decide(self, decision: Any) -> ApprovalRecord:
+        """Approve or deny one waiting call (an `ApprovalDecision` as JSON); returns the audit record.
+
+        The input is taken as plain JSON so the validator, not the payload converter, reads it: a malformed
+        field is then refused by name (`_decisions`) instead of failing to decode.
+        """
+        record = self._approvals.decide(decision_of(decision), via="update")
         self._show_details()
         return record
 
     @decide.validator
-    def _validate_decision(self, decision: ApprovalDecision) -> None:
-        elsewhere = next((p.run_id for p in self._children.waiting() if p.call_id == decision.call_id), None)
-        if elsewhere is not None and decision.call_id not in self._approvals.pending:
-            raise ApplicationError(
-                f"call {decision.call_id!r} waits in child run {elsewhere!r} (a sub-agent this run asked), not in "
-                f"this run: decide it there, decide(client, {elsewhere!r}, {decision.call_id!r}) or `codemode "
-                f"approve {elsewhere} {decision.call_id}`", type="ApprovalRejected", non_retryable=True)
-        self._refuse_unless_allowed([decision])
-
-    def _refuse_unless_allowed(self, decisions: list[ApprovalDecision]) -> None:
-        """Reject an update whose decisions may not be taken, before it enters the history; say who may decide.
+    def _validate_decision(self, decision: Any) -> None:
+        """Reject an update whose decision may not be taken, before it enters the history; say why.
 
         Signatures are checked here with this worker's keys: a replay never runs a validator again, so it never
         needs them. A rejection is final (not retryable): sending the same decision again cannot succeed.
         """
-        keyring = keyring_for(workflow.info().task_queue) or ApproverKeyring({})
-        for decision in decisions:
-            refusal = self._approvals.refusal(decision, keyring=keyring)
-            if refusal:
-                self._approvals.reject(decision, refusal)
-                raise ApplicationError(refusal, type="ApprovalRejected", non_retryable=True)
+        self._refuse_a_childs_call(decision)
+        self._approvals.checked(decision, update_id=self._update_id(), keyring=self._keyring())
+
+    def _refuse_a_childs_call(self, decision: Any) -> None:
+        """A decision sent to this run for a call that waits in one of its child runs: refused, saying where to."""
+        call_id = decision.get("call_id") if isinstance(decision, dict) else getattr(decision, "call_id", None)
+        elsewhere = next((p.run_id for p in self._children.waiting() if p.call_id == call_id), None)
+        if elsewhere is not None and call_id not in self._approvals.pending:
+            raise ApplicationError(
+                f"call {call_id!r} waits in child run {elsewhere!r} (a sub-agent this run asked), not in this run: "
+                f"decide it there, decide(client, {elsewhere!r}, {call_id!r}) or `codemode approve {elsewhere} "
+                f"{call_id}`", type="ApprovalRejected", non_retryable=True)
+
+    @staticmethod
+    def _keyring() -> ApproverKeyring:
+        return keyring_for(workflow.info().task_queue) or ApproverKeyring({})
+
+    @staticmethod
+    def _update_id() -> str:
+        info = workflow.current_update_info()
+        assert info is not None, "called from an update's validator"
+        return info.id
 
     @workflow.update(name=DECIDE_ALL_UPDATE)
-    def decide_all(self, batch: BatchDecision) -> list[ApprovalRecord]:
-        """Approve or deny every waiting call at once."""
-        records = [self._approvals.decide(decision, via="update") for decision in self._batch(batch)]
+    def decide_all(self, batch: Any) -> list[ApprovalRecord]:
+        """Approve or deny every waiting call at once (a `BatchDecision` as JSON)."""
+        decisions = self._approvals.batch_decisions(batch_of(batch))
+        records = [self._approvals.decide(decision, via="update") for decision in decisions]
         self._show_details()
         return records
 
-    def _batch(self, batch: BatchDecision) -> list[ApprovalDecision]:
-        return [ApprovalDecision(call_id=call_id, approved=batch.approved, note=batch.note, approver=batch.approver,
-                                 key_id=batch.key_id, signature=batch.signatures.get(call_id),
-                                 expires_at=batch.expires_at)
-                for call_id in sorted(self._approvals.pending)]
-
     @decide_all.validator
-    def _validate_batch(self, batch: BatchDecision) -> None:
-        if not self._approvals.pending:
-            raise ApplicationError("no call is waiting for approval in this run", type="ApprovalRejected",
-                                   non_retryable=True)
-        self._refuse_unless_allowed(self._batch(batch))
+    def _validate_batch(self, batch: Any) -> None:
+        self._approvals.checked_batch(batch, update_id=self._update_id(), keyring=self._keyring())
 
     @workflow.signal(name=APPROVE_SIGNAL)
     def approve(self, decision: ApprovalDecision) -> None:
@@ -336,7 +339,7 @@ class CodeModeRunWorkflow:
         self._tool_retries = dict(cont.tool_retries)
         self._approvals = Approvals(cont.approvals, DecisionRules(
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
-            starter=input.started_by))
+            starter=input.started_by, bounded_signals=spec.bounded_signals))
         messages: list[ModelMessage] = list(input.message_history)
         now = workflow.now()
         # As pydantic-ai does for a run given a history: its dynamic system prompts get the values of this run.
