@@ -833,3 +833,48 @@ def test_a_provider_tool_with_a_local_fallback_is_refused_by_name() -> None:
                                                 r"fallback .* give native=False \(the local tool\) or local=False"):
         CodeModeAgent(Agent("test", name="cap-native-or-local",
                             capabilities=[NativeOrLocalTool(native=WebSearchTool(), local=_price)]))
+
+
+@pytest.mark.skipif(not hasattr(AbstractCapability, "compact_history"),
+                    reason="compact_history is a hook of pydantic-ai releases after 2.68")
+async def test_compact_history_runs_in_the_model_step_and_the_run_keeps_the_compacted_history(
+        client: Client) -> None:
+    from pydantic_ai.capabilities import CompactionResult
+    from pydantic_ai.messages import CompactionPart
+
+    seen: list[list[str]] = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append([type(p).__name__ for m in messages if isinstance(m, ModelRequest) for p in m.parts])
+        if len(seen) == 4:
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("run_code", {"code": f"{len(seen)}"}, tool_call_id=f"c{len(seen)}")])
+
+    class Compacting(AbstractCapability[Any]):
+        """Asks for a compaction at the third request, and keeps a summary in place of what came before."""
+
+        async def before_model_request(self, ctx: RunContext[Any], request_context: Any) -> Any:
+            if len(ctx.messages) == 5:
+                ctx.request_compaction(focus="the counts")  # type: ignore[attr-defined]
+            return request_context
+
+        async def compact_history(self, ctx: RunContext[Any], request: Any) -> Any:
+            part = CompactionPart(content=f"summary of {len(request.messages) - 1} messages ({request.focus})")
+            return CompactionResult(messages=[ModelRequest(parts=[part]), request.messages[-1]], part=part,
+                                    handler="test")
+
+    agent = Agent(FunctionModel(respond), name="cap-compaction", capabilities=[Compacting()])
+    handle, result = await completed_run(client, agent, "count")
+    assert result.output == "done"
+    # The third request was compacted before it was sent, by pydantic-ai's own step in the model activity (as in
+    # agent.run()): the model saw the summary in place of the two exchanges before it.
+    assert seen[2][0] == "CompactionPart" and "UserPromptPart" not in seen[2] and "UserPromptPart" in seen[1]
+    # And the run adopted the compacted history: the fourth request carries it, not the whole run.
+    history = await handle.fetch_history()
+    sent = [client.data_converter.payload_converter.from_payload(
+                e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput).messages
+            for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
+    assert [len(m) for m in sent[:3]] == [1, 3, 5] and len(sent[3]) < 7
+    assert any(type(p).__name__ == "CompactionPart" for p in sent[3][0].parts)
+

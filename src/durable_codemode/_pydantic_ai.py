@@ -50,7 +50,7 @@ __all__ = [
 PRIVATE_NAMES: dict[str, tuple[str, str]] = {
     "override_root_capability": (
         "Agent._override_root_capability (only where Agent.override takes no `capabilities`)",
-        "Agent.override(capabilities=...), which pydantic-ai releases since 2.69 have: used when present"),
+        "Agent.override(capabilities=...), which newer releases have (2.78 does): used wherever it exists"),
     "start_step": (
         "AgentRun.ctx.state.run_step / .output_retries_used and AgentRun.ctx.deps.tool_manager",
         "a way to start a run at a given step with retries already used (Agent.iter(run_step=..., retries_used=...))"),
@@ -91,9 +91,9 @@ def override_root_capability(agent: Agent[Any, Any],
 
     The worker runs pydantic-ai's own graph for one step at a time, or to ask it what it would send, with some
     hooks masked (those that run once per durable run, elsewhere). Newer releases take the list publicly
-    (`Agent.override(capabilities=...)`); older ones only through the override slot that `override(spec=...)`
-    sets, a `ContextVar` of `Some(CombinedCapability)`. Either way the override is scoped to this task, so
-    concurrent activities and `agent.run()` elsewhere in the process are untouched.
+    (`Agent.override(capabilities=...)`, 2.78); older ones (2.68) only through the override slot that
+    `override(spec=...)` sets, a `ContextVar` of `Some(CombinedCapability)`. Either way the override is scoped to
+    this task, so concurrent activities and `agent.run()` elsewhere in the process are untouched.
     """
     if _override_takes_capabilities():
         with agent.override(capabilities=list(capabilities)):  # type: ignore[call-arg,unused-ignore]

@@ -209,12 +209,13 @@ class CodeModeActivities:
                                    non_retryable=not any(_may_pass(x) for x in e.exceptions)) from e
         if input.hooks:
             return step
-        if step.response is None or step.retry is not None or step.messages is not None:
+        # Without hooks nothing asks for a retry; a history pydantic-ai cleaned for sending (consecutive requests
+        # merged) is what the model was sent, not a rewrite the run adopts (such runs record the response alone).
+        if step.response is None or step.retry is not None:
             raise ApplicationError(
-                f"agent {input.agent!r} asked for a retry or rewrote the history in a model request of a run that "
-                "recorded no model-request hooks (it started before the agent had them): finish or cancel the run "
-                "on a worker with the agent as it was, or start a new run", type="CodeModeUserError",
-                non_retryable=True)
+                f"agent {input.agent!r} asked for a retry in a model request of a run that recorded no model-request "
+                "hooks (it started before the agent had them): finish or cancel the run on a worker with the agent "
+                "as it was, or start a new run", type="CodeModeUserError", non_retryable=True)
         return step.response
 
     @activity.defn(name=OUTPUT_ACTIVITY)

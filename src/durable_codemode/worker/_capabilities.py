@@ -91,7 +91,7 @@ MODEL_REQUEST_HOOKS = frozenset({
     "on_model_request_error", "compact_history",
 })
 """Dispatched by pydantic-ai's graph in the model activity (`_model_step`), around each request's model call.
-(`compact_history` exists from pydantic-ai 2.69; where it does not, no capability has it.)"""
+(`compact_history` is new after 2.68, in 2.78; where it does not exist, no capability has it.)"""
 
 RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 """Of these, `before_run` is called once per run, in the describe activity (`run_before_run`), `after_run` once
@@ -102,7 +102,8 @@ APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {
     "before_run", "after_run", "on_run_error", "get_model_settings", "get_instructions", "get_toolset",
     "get_wrapper_toolset", "prepare_tools", "prepare_output_tools", "get_wrapper_model"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
-`get_wrapper_model` (`ModelFallback` from pydantic-ai 2.69): the model step's model is wrapped, as in `agent.run()`.
+`get_wrapper_model` (a model wrapper; `ModelFallback` acts through it in 2.78): the model step's model is wrapped, as
+in `agent.run()` (but `BatchModelRequests`, refused by name: `unsupported_model_wrappers`).
 `get_instructions`: resolved with the agent's own instructions when the run starts (describe), and recorded.
 `prepare_tools` / `prepare_output_tools`: called once, when the run starts (describe), with the run's prompt and
 deps, as a tool's own `prepare` is: the tools they leave (and their definitions as they changed them) are the ones
@@ -373,7 +374,7 @@ class _Quiet(WrapperCapability[Any]):
         return None  # a probe's model is the worker's: a fallback chain around it would catch the probe's end
 
     async def compact_history(self, ctx: RunContext[Any], request: Any) -> Any:
-        return None  # from pydantic-ai 2.69; a probe compacts nothing (the model step does, for the run)
+        return None  # a hook after 2.68 (2.78): a probe compacts nothing (the model step does, for the run)
 
 
 class _QuietInstrumentation(Instrumentation):
