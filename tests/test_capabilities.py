@@ -467,8 +467,9 @@ async def test_after_run_hooks_see_the_runs_result_and_may_replace_its_output(cl
     handle, result = await completed_run(client, agent, "stock?", deps=Tenant("acme"), output_type=Stock)
     trace = await trace_run(client, handle.id)
     assert result.output == Stock(units=1005)
-    # Once, when the run ended, never in the worker's probing runs: prompt, run_code call, its result, answer.
-    assert seen == [("acme", 4, 2, "Stock")]
+    # Once, when the run ended, never in the worker's probing runs: prompt, run_code call, its result, answer, and
+    # the request answering the output tool's call, as agent.run() hands them over.
+    assert seen == [("acme", 5, 2, "Stock")]
     # The after-run activity is the run's bookkeeping, not a tool call: the trace lists the one stock() call.
     assert [c.tool for c in trace.nested_calls] == ["stock"] and trace.output == {"units": 1005}
 

@@ -77,6 +77,29 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     assert TypeAdapter(CallRecord).validate_json(named) == record == converter.from_payload(wire, CallRecord)
 
 
+def test_the_tool_usage_envelope_is_pinned() -> None:
+    # A tool call whose sub-agent used the model records its result in this envelope (`_tool_usage`); a replay
+    # counts the usage from it, so its key and shape are history.
+    from pydantic_ai.usage import RunUsage
+
+    from durable_codemode._converter import DATA_CONVERTER
+    from durable_codemode._tool_usage import USAGE_KEY, split_usage, with_usage
+
+    assert USAGE_KEY == "durable_codemode.tool_usage"
+    wire = DATA_CONVERTER.payload_converter.to_payload(with_usage({"a": 1}, RunUsage(requests=1, input_tokens=9)))
+    assert wire is not None
+    assert wire.data == b'{"durable_codemode.tool_usage":{"input_tokens":9,"requests":1},"value":{"a":1}}'
+    read = DATA_CONVERTER.payload_converter.from_payload(wire)
+    assert split_usage(read) == ({"a": 1}, RunUsage(requests=1, input_tokens=9))
+
+
+def test_the_child_run_names_are_pinned() -> None:
+    # A child run's id, the signal it sends its parent and the tool metadata naming its agent are history.
+    assert _names.child_run_id("search-1", "call_0.2") == "search-1/call_0.2"
+    assert _names.CHILD_APPROVALS_SIGNAL == "durable-codemode.child_approvals"
+    assert _names.CHILD_RUN_METADATA == "codemode_child_run"
+
+
 def test_call_digest_is_canonical_and_sensitive() -> None:
     digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
     assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order

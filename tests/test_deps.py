@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sqlite3
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest
 from pydantic_ai.tools import ToolDefinition
 from temporalio.client import Client, WorkflowFailureError
 
-from durable_codemode import CodeModeAgent, InvalidRunInputError, SnippetLimits, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, InvalidRunInputError, SnippetLimits, start_run
 from durable_codemode.testing import (
     CallTool,
     RunCode,
@@ -167,3 +168,138 @@ async def test_codemode_run_takes_deps_as_json(client: Client) -> None:
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     _, bad_err = await bad.communicate()
     assert bad.returncode == 2 and "--deps-json is not JSON" in bad_err.decode()
+
+
+# -- deps that hold connections: the run records ids, the worker builds the agent's own deps_type -----------------
+
+
+@dataclass
+class Bank:
+    """pydantic-ai's usual deps: ids beside a live connection (bank_support's `SupportDependencies`)."""
+
+    customer_id: int
+    db: sqlite3.Connection
+
+
+@dataclass
+class Customer:
+    customer_id: int
+
+
+def _bank_db() -> sqlite3.Connection:
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE TABLE customers(id, name, balance)")
+    db.executemany("INSERT INTO customers VALUES (?, ?, ?)", [(123, "John", 123.45), (7, "Ana", 9.5)])
+    return db
+
+
+def bank_agent(name: str, *steps: Any) -> Agent[Bank, str]:
+    agent = Agent(scripted_model(*steps), name=name, deps_type=Bank)
+
+    @agent.instructions
+    async def customer_name(ctx: RunContext[Bank]) -> str:
+        (row,) = ctx.deps.db.execute("SELECT name FROM customers WHERE id=?", (ctx.deps.customer_id,))
+        return f"The customer's name is {row[0]!r}"
+
+    @agent.tool
+    async def balance(ctx: RunContext[Bank]) -> str:
+        """The customer's balance."""
+        (row,) = ctx.deps.db.execute("SELECT balance FROM customers WHERE id=?", (ctx.deps.customer_id,))
+        return f"${row[0]:.2f}"
+
+    return agent
+
+
+async def test_a_deps_factory_builds_the_agents_deps_with_the_workers_connection_per_run(client: Client) -> None:
+    db = _bank_db()
+    agent = bank_agent("deps-bank", RunCode("await balance()"), _answer)
+    bank = CodeModeAgent(agent, deps_factory=lambda run: Bank(customer_id=run["customer_id"], db=db))
+    tq = new_task_queue()
+    async with running_worker(client, [bank], task_queue=tq):
+        john = await start_run(client, bank, "balance?", task_queue=tq, deps={"customer_id": 123})
+        ana = await start_run(client, "deps-bank", "balance?", task_queue=tq, deps={"customer_id": 7})
+        results = [await john.result(), await ana.result()]
+    (john_out, ana_out) = (json.loads(r.output) for r in results)
+    assert john_out["result"]["result"] == "$123.45" and "'John'" in john_out["instructions"]
+    assert ana_out["result"]["result"] == "$9.50" and "'Ana'" in ana_out["instructions"]
+    # Only what the run gave is in its history: the run's input and every activity carry the ids, not a connection.
+    history = await john.fetch_history()
+    started = history.events[0].workflow_execution_started_event_attributes
+    assert json.loads(started.input.payloads[0].data)["deps"] == {"customer_id": 123}
+    await replay(john)
+    await replay(ana)
+
+
+async def test_a_deps_factory_gets_its_run_deps_type_checked_before_anything_starts(client: Client) -> None:
+    db = _bank_db()
+    agent = bank_agent("deps-typed", RunCode("await balance()"), _answer)
+
+    def build(run: Customer) -> Bank:
+        return Bank(customer_id=run.customer_id, db=db)
+
+    bank = CodeModeAgent(agent, deps_factory=build, run_deps_type=Customer)
+    tq = new_task_queue()
+    with pytest.raises(InvalidRunInputError, match=r"of type \S*test_deps\.Customer \(its run_deps_type\).*\S*Tenant"):
+        await start_run(client, bank, "go", task_queue=tq, deps=Tenant("acme"))
+    with pytest.raises(InvalidRunInputError, match=r"do not validate as \S*Customer"):
+        await start_run(client, bank, "go", task_queue=tq, deps={"customer": 1})
+    async with running_worker(client, [bank], task_queue=tq):
+        result, handle = await _ended(client, "deps-typed", tq, deps=Customer(7))
+        assert json.loads(result.output)["result"]["result"] == "$9.50"
+        # A run that gives none: the factory would get None, which is not a Customer.
+        nothing = await start_run(client, "deps-typed", "go", task_queue=tq)
+        with pytest.raises(WorkflowFailureError) as failed:
+            await nothing.result()
+    assert "do not validate as" in str(failed.value.cause.cause) and "Customer" in str(failed.value.cause.cause)
+    await replay(handle)
+
+
+async def _ended(client: Client, agent: str, tq: str, **options: Any) -> tuple[Any, Any]:
+    handle = await start_run(client, agent, "go", task_queue=tq, **options)
+    return await handle.result(), handle
+
+
+async def test_deps_holding_a_connection_are_refused_naming_the_field_and_the_way(client: Client) -> None:
+    db = _bank_db()
+    agent = bank_agent("deps-live", RunCode("await balance()"), _answer)
+    tq = new_task_queue()
+    with pytest.raises(InvalidRunInputError) as refused:
+        await start_run(client, "deps-live", "go", task_queue=tq, deps=Bank(customer_id=123, db=db))
+    message = str(refused.value)
+    assert "field 'db' (Connection) is a live resource" in message
+    assert "deps_factory=lambda run: Bank(customer_id=run['customer_id'], db=<the worker's Connection>)" in message
+    assert "deps={'customer_id': 123}" in message
+    # The ids alone, into the agent's unedited deps_type: refused by name (not pydantic's schema error), on the
+    # client given the agent, and by the worker given only its name (at the run's first step, not retried).
+    plain = CodeModeAgent(agent)
+    with pytest.raises(InvalidRunInputError) as rebuilt:
+        await start_run(client, plain, "go", task_queue=tq, deps={"customer_id": 123})
+    assert "(Bank) cannot be rebuilt from what a run records: its field 'db' holds a live" in str(rebuilt.value)
+    assert "lambda run: Bank(customer_id=run['customer_id'], db=<the worker's Connection>)" in str(rebuilt.value)
+    async with running_worker(client, [plain], task_queue=tq):
+        handle = await start_run(client, "deps-live", "go", task_queue=tq, deps={"customer_id": 123})
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "field 'db'" in str(failed.value.cause.cause) and "deps_factory" in str(failed.value.cause.cause)
+    await replay(handle)
+
+
+def test_a_deps_factory_is_refused_beside_default_deps_and_run_deps_type_needs_one() -> None:
+    agent = bank_agent("deps-both", "done")
+    with pytest.raises(CodeModeUserError, match="both deps and a deps_factory"):
+        CodeModeAgent(agent, deps=Bank(1, _bank_db()), deps_factory=lambda run: Bank(1, _bank_db()))
+    with pytest.raises(CodeModeUserError, match="run_deps_type without a deps_factory"):
+        CodeModeAgent(agent, run_deps_type=Customer)
+
+
+async def test_a_failing_deps_factory_fails_the_run_naming_the_agent(client: Client) -> None:
+    agent = bank_agent("deps-broken", RunCode("await balance()"), _answer)
+    bank = CodeModeAgent(agent, deps_factory=lambda run: Bank(customer_id=run["customer_id"], db=_bank_db()))
+    tq = new_task_queue()
+    async with running_worker(client, [bank], task_queue=tq):
+        handle = await start_run(client, "deps-broken", "go", task_queue=tq, deps={"id": 1})
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    assert "the deps_factory of agent 'deps-broken' failed" in str(failed.value.cause.cause)
+    assert "KeyError" in str(failed.value.cause.cause)
+    await replay(handle)

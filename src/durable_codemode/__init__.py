@@ -46,6 +46,7 @@ from .client._operations import (
 )
 from .client._signer import ApprovalSigner, generate_approver_key
 from .worker._agent import CodeModeAgent, ToolSelector
+from .worker._child_runs import child_run_tool
 from .worker._context import ToolCallContext, current_call
 from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
 from .workflow._run import CodeModeRunWorkflow
@@ -91,6 +92,7 @@ __all__ = [
     "TransientToolError",
     "TurnRecord",
     "WorkerUnavailableError",
+    "child_run_tool",
     "connect",
     "create_worker",
     "current_call",

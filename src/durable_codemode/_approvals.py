@@ -34,6 +34,7 @@ __all__ = [
     "ApprovalRecord",
     "ApproverPolicy",
     "BatchDecision",
+    "ChildApprovals",
     "PendingApproval",
     "RecordedApproverPolicy",
     "RejectedDecision",
@@ -128,6 +129,17 @@ class PendingApproval:
     requested_at: datetime
     expires_at: datetime | None = None
     """When it is denied automatically; `None`: it waits for as long as it takes."""
+    run_id: str | None = None
+    """The child run the call waits in (a sub-agent this run delegated to, `child_run_tool`): decide it there,
+    `decide(client, run_id, call_id)`. `None`: the call is this run's own."""
+
+
+@dataclass(kw_only=True)
+class ChildApprovals:
+    """A child run's calls waiting for a person, as it tells its parent (`CHILD_APPROVALS_SIGNAL`)."""
+
+    run_id: str
+    pending: list[PendingApproval]
 
 
 @dataclass(kw_only=True)

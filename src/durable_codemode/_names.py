@@ -15,6 +15,8 @@ __all__ = [
     "AGENT_MEMO",
     "AGENT_SEARCH_ATTRIBUTE",
     "BATCH_ACTIVITY",
+    "CHILD_APPROVALS_SIGNAL",
+    "CHILD_RUN_METADATA",
     "COMPUTE_ACTIVITY",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
@@ -32,6 +34,7 @@ __all__ = [
     "batch_activity_id",
     "call_digest",
     "call_id_of_activity",
+    "child_run_id",
     "compute_activity_id",
     "compute_marker",
     "nested_call_id",
@@ -43,6 +46,19 @@ __all__ = [
 
 WORKFLOW_TYPE = "durable-codemode.run"
 """The workflow type of every agent run; the agent's name is part of the input (and the memo)."""
+
+CHILD_APPROVALS_SIGNAL = "durable-codemode.child_approvals"
+"""What a child run (a sub-agent a tool runs durably, `child_run_tool`) sends its parent whenever the calls it waits
+on for a person change, so the parent's `pending_approvals` lists them (`ChildApprovals`)."""
+
+CHILD_RUN_METADATA = "codemode_child_run"
+"""The tool metadata key naming the agent a `child_run_tool` runs as a child run; recorded as `ToolSpec.child_run`."""
+
+
+def child_run_id(parent_id: str, call_id: str) -> str:
+    """The workflow id of the child run a parent's call `call_id` starts: unique per call, and found from both."""
+    return f"{parent_id}/{call_id}"
+
 
 MODEL_REQUEST_ACTIVITY = "durable-codemode.model_request"
 """One model request: the conversation so far in, one `ModelResponse` out."""

@@ -6,14 +6,14 @@ nested call's input is the tool name, its arguments and its id, never the run's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, cast
 
 from pydantic import SerializationInfo, SerializerFunctionWrapHandler, model_serializer, model_validator
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, ModelResponse, ToolReturnPart
 from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
@@ -91,6 +91,10 @@ class RunInput:
     """pydantic-ai `UsageLimits` for this run, checked in workflow code before each model request and tool call
     and after each response, over the whole chain; past one, the run fails with `UsageLimitExceeded`."""
 
+    usage: RunUsage | None = None
+    """The usage the run starts counting from (`start_run(usage=...)`, as `Agent.run(usage=...)`): a conversation's
+    earlier runs, so its `UsageLimits` count them too. `None`: from zero, as every run recorded before the field."""
+
     instructions: str | None = None
     """This run's own instructions, added to the agent's (as `Agent.run(instructions=...)`); recorded in the spec
     when the run starts, so every model request of the chain carries them."""
@@ -132,6 +136,10 @@ class ToolSpec:
     """`ToolOptions.batch`: a program's calls to it in flight at once run as one batch activity (`BatchInput`).
     Recorded, so a run's batching never follows the worker's current config: runs recorded before the field read
     `False` and replay with one activity per call, as they ran."""
+    child_run: str | None = None
+    """The agent a call of this tool runs as a child run (`child_run_tool`): a workflow of its own, started by the
+    run, whose output is the call's result and whose usage counts in the run's. `None`: an activity, as every tool
+    of runs recorded before the field."""
 
 
 @dataclass(kw_only=True)
@@ -418,6 +426,9 @@ class Continuation:
     """Retries in a row of each native tool the model called directly, counted against its `max_retries`."""
     files: CarriedFiles | None = None
     """The files the run's programs wrote (`RunFiles`); `None`: none, or the run has no files."""
+    new_message_index: int = 0
+    """Where the chain's own messages start in its conversation: the length of the history its first run was
+    given (`RunResult.new_messages`). Continuations recorded before the field read 0."""
 
 
 OutputT = TypeVar("OutputT")
@@ -438,6 +449,56 @@ class RunResult(Generic[OutputT]):
     """Runs of this chain that ended by continue-as-new."""
     approvals: list[ApprovalRecord] = field(default_factory=list)
     """The audit trail: every approval decision of the run (who, when, note, call, arguments)."""
+    messages: list[ModelMessage] = field(default_factory=list)
+    """The conversation at the run's end, as `AgentRunResult.all_messages()` gives it: the history the run was given,
+    then its own requests and responses (ending, for an output tool's answer, with that tool's return). Empty in
+    results of runs that ended before the field existed."""
+    new_message_index: int = 0
+    """Where this run's own messages start in `messages` (`new_messages()`)."""
+    output_tool_name: str | None = None
+    """The output tool whose call gave the output, when one did (`all_messages(output_tool_return_content=...)`)."""
+    run_id: str | None = None
+    """The run's workflow id (`AgentRunResult.run_id`): `client.get_workflow_handle(run_id)` finds its history, and
+    `codemode trace RUN_ID` draws it. `None` in results of runs that ended before the field existed."""
+
+    def all_messages(self, *, output_tool_return_content: str | None = None) -> list[ModelMessage]:
+        """The run's whole conversation, to continue it in the next run (`start_run(message_history=...)`).
+
+        As pydantic-ai's `AgentRunResult.all_messages`: `output_tool_return_content` replaces what the output tool's
+        call returned in the last message (`'Final result processed.'`), e.g. 'Please suggest another flight'.
+
+        Raises:
+            ValueError: `output_tool_return_content` for a run whose output was not given by an output tool.
+            LookupError: the last message has no return of the output tool.
+
+        """
+        if output_tool_return_content is None:
+            return list(self.messages)
+        if self.output_tool_name is None:
+            raise ValueError("Cannot set output tool return content when the output was not given by an output tool "
+                             "(a text answer, or a run that ended before RunResult recorded its output tool).")
+        last = self.messages[-1] if self.messages else None
+        if isinstance(last, ModelRequest):
+            for i, part in enumerate(last.parts):
+                if isinstance(part, ToolReturnPart) and part.tool_name == self.output_tool_name:
+                    answered = replace(cast(Any, part), content=output_tool_return_content)  # (subclasses narrow it)
+                    parts = [*last.parts[:i], answered, *last.parts[i + 1:]]
+                    return [*self.messages[:-1], replace(last, parts=parts)]
+        raise LookupError(f"No tool call found with tool name {self.output_tool_name!r}.")
+
+    def new_messages(self, *, output_tool_return_content: str | None = None) -> list[ModelMessage]:
+        """The messages this run added: `all_messages()` without the history it was given."""
+        return self.all_messages(output_tool_return_content=output_tool_return_content)[self.new_message_index:]
+
+    def all_messages_json(self, *, output_tool_return_content: str | None = None) -> bytes:
+        """`all_messages()` as JSON (`ModelMessagesTypeAdapter`), e.g. to store a conversation."""
+        return ModelMessagesTypeAdapter.dump_json(
+            self.all_messages(output_tool_return_content=output_tool_return_content))
+
+    def new_messages_json(self, *, output_tool_return_content: str | None = None) -> bytes:
+        """`new_messages()` as JSON (`ModelMessagesTypeAdapter`)."""
+        return ModelMessagesTypeAdapter.dump_json(
+            self.new_messages(output_tool_return_content=output_tool_return_content))
 
     @property
     def nested_calls(self) -> list[CallRecord]:
@@ -553,6 +614,11 @@ class OutputVerdict:
     """The validated output as JSON (`retry is None`)."""
     retry: ModelRequest | None = None
     """pydantic-ai's retry request (the validation errors, or an output validator's `ModelRetry` message)."""
+    closing: ModelRequest | None = None
+    """With `output`: the request pydantic-ai ends such a run's messages with, answering its output tool calls
+    (`'Final result processed.'`); `None` for a text answer, and in verdicts recorded before the field."""
+    output_tool: str | None = None
+    """With `output`: the output tool whose call gave it (`RunResult.output_tool_name`)."""
 
 
 @pydantic_dataclass(kw_only=True)
@@ -625,6 +691,9 @@ class BatchOutcome:
     value: Any = None
     error_type: str | None = None
     message: str | None = None
+    usage: RunUsage | None = None
+    """`ok`: what the call added to its `ctx.usage` (a sub-agent run), counted in the run's usage; `None`: nothing
+    (and in outcomes recorded before the field)."""
 
 
 @dataclass(kw_only=True)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.settings import ModelSettings
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RunUsage, UsageLimits
 from pydantic_core import to_jsonable_python
 from temporalio.client import (
     Client,
@@ -20,6 +22,7 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
+from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._approvals import (
@@ -187,6 +190,41 @@ def check_run_model(model: str | None) -> str | None:
     return model
 
 
+def _unrecordable(converter: PayloadConverter, deps: Any, error: Exception) -> str:
+    """Why `deps` cannot be recorded with a run: the fields the converter cannot serialize, and the way out.
+
+    pydantic-ai's deps are often a connection or client beside ids (`SupportDependencies(customer_id, db)`): the
+    message names the fields that are live resources and spells out the `deps_factory` that keeps them on the worker.
+    """
+    kind = type(deps)
+    if dataclasses.is_dataclass(deps):
+        values = {f.name: getattr(deps, f.name) for f in dataclasses.fields(deps)}
+    elif isinstance(deps, BaseModel):
+        values = dict(deps)
+    else:
+        return (f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({error}); "
+                "pass a dataclass, a pydantic BaseModel, a TypedDict or plain JSON values")
+    live: dict[str, str] = {}
+    data: dict[str, Any] = {}
+    for name, value in values.items():
+        try:
+            converter.to_payloads([value])
+            data[name] = to_jsonable_python(value)
+        except Exception:
+            live[name] = type(value).__qualname__
+    if not live:
+        return (f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({error}); "
+                "pass a dataclass, a pydantic BaseModel, a TypedDict or plain JSON values")
+    built = ", ".join([*(f"{n}=run[{n!r}]" for n in data), *(f"{n}=<the worker's {t}>" for n, t in live.items())])
+    named = ", ".join(f"{n!r} ({t})" for n, t in live.items())
+    fields_are = f"fields {named} are live resources" if len(live) > 1 else f"field {named} is a live resource"
+    return (f"deps of type {kind.__qualname__} cannot be recorded with the run: its {fields_are} the data converter "
+            "cannot serialize. A run records its deps in its history, so it records ids and settings, and the "
+            "worker holds connections and clients: give the agent a deps_factory that builds the deps on the "
+            f"worker, CodeModeAgent(agent, deps_factory=lambda run: {kind.__name__}({built})), and start the run "
+            f"with what it records, deps={data!r} (docs/agents.md#deps-that-hold-connections)")
+
+
 def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) -> tuple[Any, str | None]:
     """`deps` checked for a run: `(deps, the qualified name of its class when it is not plain JSON)`.
 
@@ -198,12 +236,11 @@ def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) 
     if deps is None:
         return None, None
     kind = type(deps)
+    converter = client.data_converter.payload_converter
     try:
-        payloads = client.data_converter.payload_converter.to_payloads([deps])
+        payloads = converter.to_payloads([deps])
     except Exception as e:
-        raise InvalidRunInputError(
-            f"deps of type {kind.__qualname__} cannot be serialized by the client's data converter ({e}); pass a "
-            "dataclass, a pydantic BaseModel, a TypedDict or plain JSON values") from e
+        raise InvalidRunInputError(_unrecordable(converter, deps, e)) from e
     size = sum(len(p.data) for p in payloads)
     if size > MAX_DEPS_BYTES:
         raise InvalidRunInputError(
@@ -212,7 +249,7 @@ def deps_for_run(client: Client, deps: Any, agent: CodeModeAgent | None = None) 
     type_name = None if isinstance(deps, _JSON_TYPES) else f"{kind.__module__}.{kind.__qualname__}"
     if agent is not None:
         try:
-            agent.run_deps(to_jsonable_python(deps), type_name=type_name)
+            agent.recorded_deps(to_jsonable_python(deps), type_name=type_name)
         except CodeModeUserError as e:
             raise InvalidRunInputError(str(e)) from e
     return deps, type_name
@@ -225,10 +262,11 @@ async def start_run(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
-    message_history: Sequence[ModelMessage] = (),
+    message_history: Sequence[ModelMessage] | None = (),
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
+    usage: RunUsage | None = None,
     run_id: str | None = None,
     started_by: str | None = None,
     instructions: str | None = None,
@@ -244,7 +282,7 @@ async def start_run(
         model: a pydantic-ai model string overriding the agent's model for this run. Its provider must be one
             pydantic-ai knows (checked here); its API key must be set on the workers (checked at the run's first
             step, which fails the run at once, naming the variable, when it is not).
-        message_history: earlier messages to continue a conversation.
+        message_history: earlier messages to continue a conversation (`None`: none, as in `Agent.run`).
         deps: this run's deps, as in `Agent.run(deps=...)`: `ctx.deps` of its tools (in the sandbox and native),
             dynamic instructions and `prepare` functions. A dataclass, pydantic model, TypedDict or plain JSON,
             at most `MAX_DEPS_BYTES` as JSON; recorded in the run's input and carried across continue-as-new.
@@ -255,6 +293,9 @@ async def start_run(
         usage_limits: pydantic-ai `UsageLimits`, recorded with the run and checked in workflow code before each
             model request and tool call and after each response, over the whole continue-as-new chain. Past one
             the run fails with pydantic-ai's `UsageLimitExceeded` message, not retried.
+        usage: the usage to start counting from, as `Agent.run(usage=...)`: the earlier runs of a conversation
+            (`RunResult.usage`), so `usage_limits` count them too and the result's `usage` is the total. Recorded
+            with the run (a copy: `run_agent` updates the object you pass in place, as `agent.run()` does).
         run_id: the workflow id; defaults to `<agent>-<random>`. Reusing the id of a running run is an error.
         instructions: this run's own instructions, added to the agent's, as `Agent.run(instructions=...)`; recorded
             when the run starts and sent with every model request of the run.
@@ -272,7 +313,7 @@ async def start_run(
 
     """
     name = agent.name if isinstance(agent, CodeModeAgent) else agent
-    prompt_or_none, history = validate_run_input(name, prompt, message_history)
+    prompt_or_none, history = validate_run_input(name, prompt, () if message_history is None else message_history)
     run_deps, deps_type = deps_for_run(client, deps, agent if isinstance(agent, CodeModeAgent) else None)
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRunInputError(f"instructions must be a string (added to the agent's for this run), got "
@@ -280,11 +321,14 @@ async def start_run(
     if model_settings is not None and not isinstance(model_settings, dict):
         raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
                                    f"{type(model_settings).__name__}")
+    if usage is not None and not isinstance(usage, RunUsage):
+        raise InvalidRunInputError(f"usage must be pydantic_ai.usage.RunUsage (a previous run's RunResult.usage), got "
+                                   f"{type(usage).__name__}")
     run_input = RunInput(agent=name, prompt=prompt_or_none, model=check_run_model(model), message_history=history,
                          deps=run_deps, deps_type=deps_type,
                          model_settings=dict(model_settings) if model_settings else None,
                          usage_limits=check_usage_limits(usage_limits), started_by=started_by,
-                         instructions=instructions)
+                         instructions=instructions, usage=usage)
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -303,10 +347,11 @@ async def run_agent(
     *,
     task_queue: str = DEFAULT_TASK_QUEUE,
     model: str | None = None,
-    message_history: Sequence[ModelMessage] = (),
+    message_history: Sequence[ModelMessage] | None = (),
     deps: Any = None,
     model_settings: ModelSettings | None = None,
     usage_limits: UsageLimits | None = None,
+    usage: RunUsage | None = None,
     run_id: str | None = None,
     instructions: str | None = None,
     output_type: Any = None,
@@ -316,13 +361,22 @@ async def run_agent(
     `output_type` defaults to the agent's own when `agent` is the `CodeModeAgent`; with only its name and no
     `output_type`, the output is the JSON the workflow returned (a `BaseModel` output as its dict). For a
     statically typed `RunResult[Answer]`, use `typed_result(await run_agent(...), Answer)`.
+
+    `usage`, as in `agent.run(usage=...)`, is counted into: once the run ends it holds the total (the run's
+    `RunResult.usage`, which is then that same object), so one `RunUsage` passed to each run of a conversation
+    keeps its running total, and each run's `usage_limits` count the runs before it.
     """
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
-                             usage_limits=usage_limits, run_id=run_id, instructions=instructions)
+                             usage_limits=usage_limits, usage=usage, run_id=run_id, instructions=instructions)
     if output_type is None and isinstance(agent, CodeModeAgent):
         output_type = agent.output_type
-    return await run_result(handle, output_type)
+    result = await run_result(handle, output_type)
+    if usage is None:
+        return result
+    for name in (f.name for f in fields(RunUsage)):  # in place, as pydantic-ai counts into the caller's object
+        setattr(usage, name, copy.copy(getattr(result.usage, name)))
+    return replace(result, usage=usage)
 
 
 async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) -> RunResult[Any]:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.usage import RunUsage
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
@@ -35,7 +36,7 @@ from .._approvals import (
     PendingApproval,
 )
 from .._converter import DATA_CONVERTER
-from .._errors import CodeModeUserError
+from .._errors import CodeModeUserError, RunNotFoundError
 from .._names import (
     AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
@@ -48,10 +49,12 @@ from .._names import (
     RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
     call_id_of_activity,
+    tool_activity_type,
     tool_of_activity_type,
 )
 from .._results import preview
 from .._storage import env_stores, resolve_history
+from .._tool_usage import split_usage
 from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._fetch import fetch_chain
@@ -161,6 +164,10 @@ class RecordedActivity:
     cancel_requested: bool = False
     event_id: int = 0
     """The event that scheduled it (or its marker)."""
+    usage: RunUsage | None = None
+    """A tool call's own model use (a sub-agent it ran), counted in the run's usage (`_tool_usage`)."""
+    child_run_id: str | None = None
+    """A `child_run_tool` call: the child run it started (a workflow, not an activity)."""
 
 
 @dataclass
@@ -195,8 +202,50 @@ def _read_marker(event: HistoryEvent) -> RecordedActivity | None:
         activity.closed, activity.failure = "failed", failure_text(attrs.failure)
     elif "result" in attrs.details:
         kind = AgentSpec if activity.activity_type == DESCRIBE_AGENT_ACTIVITY else None
-        activity.result = _decode(attrs.details["result"], kind)
+        activity.result, activity.usage = split_usage(_decode(attrs.details["result"], kind))
     return activity
+
+
+_CHILD_CLOSED = {
+    "child_workflow_execution_started_event_attributes": None,
+    "child_workflow_execution_completed_event_attributes": "completed",
+    "child_workflow_execution_failed_event_attributes": "failed",
+    "child_workflow_execution_timed_out_event_attributes": "timed_out",
+    "child_workflow_execution_canceled_event_attributes": "cancelled",
+    "child_workflow_execution_terminated_event_attributes": "failed",
+}
+"""What a child run's events say about the `child_run_tool` call that started it (`None`: it started)."""
+
+
+def _child_call(parent_id: str, event: HistoryEvent, spec: AgentSpec | None) -> RecordedActivity:
+    """A `child_run_tool` call, as the history records it: the child run its call started, read like an activity."""
+    attrs = event.start_child_workflow_execution_initiated_event_attributes
+    child_input = _decode(attrs.input, RunInput)
+    agent = child_input.agent if isinstance(child_input, RunInput) else "?"
+    prompt = child_input.prompt if isinstance(child_input, RunInput) else None
+    call_id = attrs.workflow_id.removeprefix(parent_id + "/")
+    tool = next((t.name for t in spec.tools if t.child_run == agent), agent) if spec is not None else agent
+    return RecordedActivity(activity_type=tool_activity_type(spec.agent if spec else "?", tool),
+                            activity_id=f"{call_id}-child", scheduled_at=_time(event), summary=_summary(event),
+                            input={"call_id": call_id, "tool": tool, "args": {"prompt": prompt}},
+                            event_id=event.event_id, child_run_id=attrs.workflow_id)
+
+
+def _child_closed(event: HistoryEvent, kind: str, by_event: dict[int, RecordedActivity]) -> None:
+    attrs = getattr(event, kind)
+    child = by_event.get(attrs.initiated_event_id)
+    if child is None:
+        return
+    closed = _CHILD_CLOSED[kind]
+    if closed is None:
+        child.attempts = 1
+        return
+    child.closed, child.finished_at = closed, _time(event)
+    if closed == "completed":
+        result = _decode(attrs.result, RunResult[Any])
+        child.result = result.output if isinstance(result, RunResult) else result
+    elif kind != "child_workflow_execution_canceled_event_attributes":
+        child.failure = failure_text(attrs.failure) if attrs.HasField("failure") else closed
 
 
 def read_run(history: WorkflowHistory) -> RecordedRun:
@@ -232,6 +281,12 @@ def read_run(history: WorkflowHistory) -> RecordedRun:
                                  event_id=event.event_id)
             by_event[event.event_id] = activity
             parsed.activities.append(activity)
+        elif kind == "start_child_workflow_execution_initiated_event_attributes":
+            child = _child_call(history.workflow_id, event, parsed.spec)
+            by_event[event.event_id] = child
+            parsed.activities.append(child)
+        elif kind in _CHILD_CLOSED:
+            _child_closed(event, kind, by_event)
         elif kind == "activity_task_started_event_attributes":
             attrs_started = event.activity_task_started_event_attributes
             if (act := by_event.get(attrs_started.scheduled_event_id)) is not None:
@@ -242,7 +297,8 @@ def read_run(history: WorkflowHistory) -> RecordedRun:
             done = event.activity_task_completed_event_attributes
             if (act := by_event.get(done.scheduled_event_id)) is not None:
                 hint = ModelResponse if act.activity_type == MODEL_REQUEST_ACTIVITY else None
-                act.closed, act.finished_at, act.result = "completed", _time(event), _decode(done.result, hint)
+                act.closed, act.finished_at = "completed", _time(event)
+                act.result, act.usage = split_usage(_decode(done.result, hint))  # a tool's value, and its agents' use
         elif kind == "activity_task_failed_event_attributes":
             failed = event.activity_task_failed_event_attributes
             if (act := by_event.get(failed.scheduled_event_id)) is not None:
@@ -318,7 +374,8 @@ def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
     call = TraceCall(call_id=call_id, tool=tool, args=args, status="running", activity_type=activity.activity_type,
                      activity_id=activity.activity_id, local=activity.local, scheduled_at=activity.scheduled_at,
                      finished_at=activity.finished_at, attempts=activity.attempts, last_failure=activity.last_failure,
-                     duration_s=seconds_between(activity.scheduled_at, activity.finished_at))
+                     duration_s=seconds_between(activity.scheduled_at, activity.finished_at),
+                     child_run_id=activity.child_run_id)
     if activity.closed == "completed":
         call.status, call.result = "ok", preview(activity.result, _PREVIEW)
     elif activity.closed in ("failed", "timed_out"):
@@ -706,6 +763,17 @@ async def _attempts_in_flight(client: Client, workflow_id: str, trace: RunTrace)
                 call.last_failure = failure_text(pending.last_failure)
 
 
+async def _with_children(client: Client, trace: RunTrace, *, replay: bool, runtime: Runtime | None) -> None:
+    """Give each `child_run_tool` call of `trace` the trace of the child run it started (drawn as its subtree)."""
+    for call in [*trace.nested_calls, *(c for t in trace.turns for c in t.direct_calls)]:
+        if call.child_run_id is None:
+            continue
+        try:
+            call.child = await trace_run(client, call.child_run_id, replay=replay, runtime=runtime)
+        except RunNotFoundError:
+            trace.notes.append(f"the child run {call.child_run_id} of call {call.call_id} is gone from the server")
+
+
 async def trace_run(client: Client, workflow_id: str, *, replay: bool = True,
                     runtime: Runtime | None = None) -> RunTrace:
     """The trace of run `workflow_id` (its whole chain) from the server.
@@ -720,6 +788,7 @@ async def trace_run(client: Client, workflow_id: str, *, replay: bool = True,
     """
     histories = await fetch_chain(client, workflow_id)
     trace = await trace_histories(histories, replay=replay, runtime=runtime)
+    await _with_children(client, trace, replay=replay, runtime=runtime)
     if trace.status == "running":
         await _attempts_in_flight(client, workflow_id, trace)
         if trace.notes or not replay:

@@ -109,6 +109,10 @@ class TraceCall:
     last_failure: str | None = None
     """The failure of the attempt before the last one, when the call was retried."""
     approval: TraceApproval | None = None
+    child_run_id: str | None = None
+    """A `child_run_tool` call: the child run it started."""
+    child: RunTrace | None = None
+    """That child run's trace, drawn under the call (`trace_run` fetches it from the server)."""
 
     @property
     def retries(self) -> int:
@@ -371,6 +375,20 @@ class _Drawing:
         for i, item in enumerate(shown):
             branch = "└─ " if i == len(shown) - 1 else "├─ "
             self.add(indent + branch + (item if isinstance(item, str) else call_line(item, room)))
+            if not isinstance(item, str):
+                self.child_run(item, indent + ("   " if i == len(shown) - 1 else "│  "))
+
+    def child_run(self, call: TraceCall, indent: str) -> None:
+        """A `child_run_tool` call's child run, as a subtree under the call: its headline and its turns."""
+        if call.child is None:
+            if call.child_run_id is not None:
+                self.add(f"{indent}   child run {call.child_run_id}")
+            return
+        sub = _Drawing(self.width - len(indent) - 3, code_lines=self.code_lines)
+        sub.add(f"child {_headline(call.child)}")
+        for j, turn in enumerate(call.child.turns):
+            sub.turn(turn, final=j == len(call.child.turns) - 1)
+        self.lines += [f"{indent}   {line}" for line in sub.lines]
 
     def snippet(self, snippet: TraceSnippet, last: bool) -> None:
         n = len(snippet.calls)
@@ -421,6 +439,7 @@ class _Drawing:
                 self.snippet(child, last)
             elif isinstance(child, TraceCall):
                 self.add(f"{'└─ ' if last else '├─ '}tool call {call_line(child, self.width - 13)}")
+                self.child_run(child, "   " if last else "│  ")
             else:
                 self.add(f"{'└─ ' if last else '├─ '}{child}")
 

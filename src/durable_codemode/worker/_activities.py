@@ -21,6 +21,7 @@ from pydantic_ai.exceptions import (
     UserError,
 )
 from pydantic_ai.messages import ModelResponse
+from pydantic_ai.usage import RunUsage
 from pydantic_core import to_json
 from temporalio import activity
 from temporalio.common import RawValue
@@ -41,6 +42,7 @@ from .._names import (
     SEAL_REPL_ACTIVITY,
     call_id_of_activity,
 )
+from .._tool_usage import with_usage
 from .._types import (
     AfterRunInput,
     AgentSpec,
@@ -296,15 +298,16 @@ class CodeModeActivities:
             raise ApplicationError(str(e), type="AgentNotFoundError", non_retryable=True) from e
         ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=call_id, tool=tool_name,
                               attempt=info.attempt)
+        usage = RunUsage()  # the tool's `ctx.usage`: what a sub-agent run adds is counted in the run (`_tool_usage`)
         with bind_call(ctx):
             try:
                 result = await heartbeating(
                     agent.call_tool(tool_name, payload.args, call_id=call_id, attempt=info.attempt,
-                                    deps=payload.deps, recorded_schema=payload.schema_digest))
+                                    deps=payload.deps, recorded_schema=payload.schema_digest, usage=usage))
             except Exception as e:
                 raise tool_failure(tool_name, e) from e
         self._check_result_size(agent, tool_name, result)
-        return result
+        return with_usage(result, usage)
 
     @activity.defn(name=BATCH_ACTIVITY)
     async def run_batch(self, input: BatchInput) -> BatchResult:

@@ -10,13 +10,21 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any, Union, cast
+from typing import Any, TypeVar, Union, cast
 
-from pydantic import TypeAdapter, ValidationError
-from pydantic_ai import Agent, CallToolsNode, DeferredToolRequests, PendingModelResponse, RunContext
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart, UserPromptPart
+from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic_ai import Agent, AgentRunResult, CallToolsNode, DeferredToolRequests, PendingModelResponse, RunContext
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
 from pydantic_ai.models import Model, ModelRequestParameters, ModelSelectionContext, infer_model
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.native_tools import AbstractNativeTool
@@ -35,7 +43,7 @@ from .._config import CatalogSettings, SnippetLimits, ToolOptions
 from .._errors import CodeModeUserError, GuardrailError
 from .._files import RunFiles
 from .._models import build_model
-from .._names import RUN_CODE_TOOL, tool_activity_type
+from .._names import CHILD_RUN_METADATA, RUN_CODE_TOOL, tool_activity_type
 from .._pydantic_ai import (
     agent_run_result,
     agent_settings,
@@ -81,7 +89,12 @@ from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
 from ._model_step import model_step
 
-__all__ = ["CodeModeAgent", "ToolSelector"]
+__all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
+
+AgentDepsT = TypeVar("AgentDepsT")
+"""The wrapped agent's `deps_type`: what a `deps_factory` must build."""
+RunDepsT = TypeVar("RunDepsT")
+"""What a run records for a `deps_factory` (`run_deps_type`)."""
 
 
 def _unsupported(agent: Agent[Any, Any]) -> list[str]:
@@ -183,9 +196,57 @@ def _last_prompt(messages: list[ModelMessage]) -> Any:
     return None
 
 
+_MARK = "durable-codemode: the output tool's return"
+
+
+def _closing(result: AgentRunResult[Any]) -> dict[str, Any]:
+    """What ends a run's messages after its output (`OutputVerdict.closing`, `.output_tool`), as pydantic-ai left it.
+
+    pydantic-ai answers an output tool's call with a last request (`'Final result processed.'`); which output tool
+    gave the output is found with its own public `all_messages(output_tool_return_content=...)`.
+    """
+    last = result.all_messages()[-1]
+    if not isinstance(last, ModelRequest):
+        return {}
+    try:
+        marked = result.all_messages(output_tool_return_content=_MARK)[-1]
+    except (ValueError, LookupError):  # no output tool gave the output
+        return {"closing": last}
+    tool = next((p.tool_name for p in marked.parts if isinstance(p, ToolReturnPart) and p.content == _MARK), None)
+    return {"closing": last, "output_tool": tool}
+
+
 @functools.cache
 def _adapter(kind: Any) -> TypeAdapter[Any]:
     return TypeAdapter(kind)
+
+
+def not_data_message(agent: str, kind: Any, error: Exception) -> str:
+    """Why `kind` (a deps type) cannot be rebuilt from what a run records, naming the fields that are not data."""
+    try:
+        hints = typing.get_type_hints(kind)
+    except Exception:  # an unresolvable annotation: name no field
+        hints = {}
+    bad: dict[str, str] = {}
+    for field_name, hint in hints.items():
+        try:
+            _adapter(hint)
+        except PydanticSchemaGenerationError:
+            bad[field_name] = getattr(hint, "__qualname__", str(hint))
+    cause = str(error).splitlines()[0]
+    name = getattr(kind, "__qualname__", str(kind))
+    if not bad:
+        what = "it holds something that is not data"
+        way = "a deps_factory that builds its deps on the worker"
+    else:
+        what = (f"its field{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} "
+                f"hold{'s' if len(bad) == 1 else ''} a live resource, not data")
+        built = ", ".join(f"{n}=run[{n!r}]" if n not in bad else f"{n}=<the worker's {bad[n]}>" for n in hints)
+        way = f"a deps_factory that builds them on the worker, CodeModeAgent(agent, deps_factory=lambda run: " \
+              f"{getattr(kind, '__name__', name)}({built}))"
+    return (f"the deps of agent {agent!r} ({name}) cannot be rebuilt from what a run records: {what} ({cause}). A "
+            f"run records its deps in its history, so only ids and settings; give the agent {way}, with the "
+            "connections and clients the worker holds (docs/agents.md#deps-that-hold-connections)")
 
 
 def _qualified_name(kind: Any) -> str | None:
@@ -263,7 +324,7 @@ class CodeModeAgent:
 
     def __init__(
         self,
-        agent: Agent[Any, Any],
+        agent: Agent[AgentDepsT, Any],
         *,
         name: str | None = None,
         code_mode: bool = True,
@@ -273,6 +334,8 @@ class CodeModeAgent:
         limits: SnippetLimits | None = None,
         env_allowlist: Sequence[str] = (),
         deps: Any = None,
+        deps_factory: Callable[[RunDepsT], AgentDepsT] | None = None,
+        run_deps_type: type[RunDepsT] | None = None,
         files: RunFiles | None = None,
         catalog: CatalogSettings | None = None,
     ) -> None:
@@ -294,6 +357,15 @@ class CodeModeAgent:
                 the worker when a run starts and recorded. Every other variable reads as unset.
             deps: The default deps (`ctx.deps` of tools, instructions and `prepare` functions) for runs started
                 without `start_run(deps=...)`.
+            deps_factory: Builds the agent's own `deps_type` on the worker, for deps that hold live resources (a
+                connection, a client): called with what the run recorded (`start_run(deps=...)`: ids and
+                settings; `None` when the run gave none) in every activity that needs `ctx.deps`, so it must be
+                cheap: hand out resources the worker holds (opened before `create_worker`), do not open new ones.
+                Only the recorded part is ever in the run's history. Exclusive with `deps`.
+            run_deps_type: What a run records for `deps_factory`: the factory gets it validated as this type (a
+                dataclass, `BaseModel`, `TypedDict`; `X | None` lets runs give none), and `start_run` given this
+                `CodeModeAgent` checks it before anything starts. `None` (the default): the factory gets the
+                recorded value as JSON (a dict for a dataclass or model), or `None`.
             files: A filesystem per run for the programs (`pathlib`, `open()` under `/files`), optionally seeded
                 read-only from a folder on the worker; `None` (the default): programs have no files.
             catalog: When the sandbox tools are too many for the `run_code` description to carry every stub (by
@@ -327,7 +399,18 @@ class CodeModeAgent:
         self._default_options = default_tool_options or ToolOptions()
         self.limits = limits or SnippetLimits()
         self.env_allowlist = tuple(env_allowlist)
+        if deps_factory is not None and deps is not None:
+            raise CodeModeUserError(
+                f"agent {resolved!r} is given both deps and a deps_factory: the factory builds every run's deps "
+                "(also for runs that give none: it gets None), so drop deps=")
+        if run_deps_type is not None and deps_factory is None:
+            raise CodeModeUserError(
+                f"agent {resolved!r} is given run_deps_type without a deps_factory: run_deps_type is what a run "
+                "records for the factory to build the agent's deps from; without one, runs record the agent's own "
+                "deps_type")
         self.deps = deps
+        self._deps_factory: Callable[[Any], Any] | None = deps_factory
+        self._run_deps_type: Any = run_deps_type
         self.files = files
         self.catalog = catalog or CatalogSettings()
         self._hooked = bool(extra_capabilities(agent))
@@ -362,33 +445,69 @@ class CodeModeAgent:
         """The agent's `deps_type` (pydantic-ai's default, `NoneType`, when it declares none)."""
         return self.agent.deps_type
 
+    @property
+    def run_deps_type(self) -> Any:
+        """What a run records as its deps: `deps_type`; with a `deps_factory`, `run_deps_type` (else `Any`)."""
+        if self._deps_factory is not None:
+            return Any if self._run_deps_type is None else self._run_deps_type
+        return self.deps_type
+
     def run_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
         """A run's deps as its tools see them: `raw` (what the data converter decoded) rebuilt as `deps_type`.
 
         `None` means the run gave none: the `CodeModeAgent(deps=...)` default. An agent without a `deps_type`
-        gets the value as decoded (plain JSON).
+        gets the value as decoded (plain JSON). With a `deps_factory`, the factory builds them from `raw`
+        (`recorded_deps`), here on the worker.
 
         Raises:
-            CodeModeUserError: the deps are of another type than the agent's `deps_type`, or do not validate as
-                it (the message names both).
+            CodeModeUserError: the deps are of another type than the one a run records, do not validate as it (the
+                message names both), or the `deps_factory` raised.
 
         """
-        if raw is None:
-            return self.deps
-        expected = self.deps_type
-        if expected is type(None) or expected is Any:
+        factory = self._deps_factory
+        if factory is None:
+            return self.deps if raw is None else self.recorded_deps(raw, type_name=type_name)
+        recorded = self.recorded_deps(raw, type_name=type_name)
+        try:
+            return factory(recorded)
+        except Exception as e:
+            raise CodeModeUserError(f"the deps_factory of agent {self.name!r} failed for the run's deps {raw!r}: "
+                                    f"{type(e).__name__}: {e}") from e
+
+    def recorded_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
+        """What a run recorded as its deps, checked and rebuilt as `run_deps_type` (no `deps_factory` called).
+
+        `start_run` checks a run's deps with it before anything starts, when it is given the `CodeModeAgent`.
+
+        Raises:
+            CodeModeUserError: as `run_deps`, or the type cannot be rebuilt from data at all (a field holds a
+                connection or client): the message names the field and says to give the agent a `deps_factory`.
+
+        """
+        expected = self.run_deps_type
+        if expected is type(None) or expected is Any or (raw is None and self._deps_factory is None):
             return raw
         wanted = _qualified_name(expected)
+        whose = "its run_deps_type" if self._deps_factory is not None else "its deps_type"
         if type_name is not None and wanted is not None and type_name != wanted:
             raise CodeModeUserError(
-                f"agent {self.name!r} takes deps of type {wanted} (its deps_type), but the run was started with "
+                f"agent {self.name!r} takes deps of type {wanted} ({whose}), but the run was started with "
                 f"deps of type {type_name}: pass a {getattr(expected, '__name__', wanted)} as start_run(deps=...)")
         try:
-            return _adapter(expected).validate_python(raw)
+            adapter = _adapter(expected)
+        except PydanticSchemaGenerationError as e:
+            raise CodeModeUserError(not_data_message(self.name, expected, e)) from e
+        try:
+            return adapter.validate_python(raw)
         except ValidationError as e:
             raise CodeModeUserError(
-                f"the run's deps do not validate as {wanted or expected!r}, the deps_type of agent {self.name!r}: "
+                f"the run's deps do not validate as {wanted or expected!r}, {whose} of agent {self.name!r}: "
                 f"{e.error_count()} error(s), first: {e.errors()[0]['msg']} at {e.errors()[0]['loc']}") from e
+
+    @property
+    def builds_deps(self) -> bool:
+        """Whether every run's deps are built on the worker (`deps_factory`), even a run that recorded none."""
+        return self._deps_factory is not None
 
     def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
                      attempt: int = 1, max_retries: int | None = None, deps: Any = None) -> RunContext[Any]:
@@ -552,7 +671,8 @@ class CodeModeAgent:
             system_prompts = [part.content for part in system_parts]
             dynamic_prompts = [DynamicPrompt(index=i, ref=part.dynamic_ref, context_id=part.context_id)
                                for i, part in enumerate(system_parts) if part.dynamic_ref]
-        tools = await self.tools(self._run_context(deps=deps)) if raw_deps is not None else await self.tools()
+        tools = (await self.tools(self._run_context(deps=deps)) if raw_deps is not None or self.builds_deps
+                 else await self.tools())
         if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
             # The request's parameters, not `info.function_tools`: those leave out the deferred tools
             # (`defer_loading=True`), which `ToolSearch` hides from the model only after the hooks prepared them.
@@ -589,7 +709,8 @@ class CodeModeAgent:
                                   approvers=self._approvers(tool_name, options, authority,
                                                             requires_approval or options.approval_rule is not None),
                                   max_retries=tool.max_retries, batch=options.batch and in_sandbox,
-                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None))
+                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None,
+                                  child_run=self._child_run(tool.tool_def, options)))
         stubs, own_stubs = render_tool_stubs(sandbox_defs)
         files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
         catalog = index = deferred = None
@@ -649,6 +770,17 @@ class CodeModeAgent:
         hidden = len(tools) - len(shown)
         return (_catalog_of(tools, own_stubs), stubs_of(shown) if shown else "",
                 deferred_section(hidden, shown=bool(shown)))
+
+    def _child_run(self, tool: ToolDefinition, options: ToolOptions) -> str | None:
+        """The agent a `child_run_tool` starts as a child run, as a run records it (`ToolSpec.child_run`)."""
+        child = (tool.metadata or {}).get(CHILD_RUN_METADATA)
+        if child is None:
+            return None
+        if options.local or options.batch:
+            raise CodeModeUserError(
+                f"tool {tool.name!r} of agent {self.name!r} runs agent {child!r} as a child run, which is a workflow, "
+                "not an activity: drop ToolOptions(local=True) / batch=True for it")
+        return str(child)
 
     def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,
                    gated: bool) -> RecordedApproverPolicy | None:
@@ -790,7 +922,7 @@ class CodeModeAgent:
             assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"
             return OutputVerdict(retry=last)
         assert run.result is not None
-        return OutputVerdict(output=jsonable(run.result.output))
+        return OutputVerdict(output=jsonable(run.result.output), **_closing(run.result))
 
     async def after_run(self, override: str | None, messages: list[ModelMessage], output: Any, usage: RunUsage, *,
                         deps: Any = None) -> Any:
@@ -821,10 +953,12 @@ class CodeModeAgent:
                        messages=list(messages), usage=usage, prompt=_last_prompt(messages))
 
     async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
-                        deps: Any = None, recorded_schema: str | None = None) -> Any:
+                        deps: Any = None, recorded_schema: str | None = None, usage: RunUsage | None = None) -> Any:
         """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
 
-        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did.
+        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did. `usage`: the tool's
+        `ctx.usage`, which holds afterwards what the tool added (a sub-agent run with `usage=ctx.usage`), for the
+        run to count (`_tool_usage`); pydantic-ai's own count of this call is left out, the run counted it.
 
         Raises:
             KeyError: the agent has no tool called `tool_name`.
@@ -834,7 +968,8 @@ class CodeModeAgent:
         """
         run_deps = self.run_deps(deps)
         try:
-            tools = await self.tools(self._run_context(deps=run_deps)) if deps is not None else await self.tools()
+            tools = (await self.tools(self._run_context(deps=run_deps)) if deps is not None or self.builds_deps
+                     else await self.tools())
         except Exception as e:
             reconnect_lost(self.agent.toolsets, e, subject=f"the tools of agent {self.name!r}")
             raise
@@ -854,11 +989,16 @@ class CodeModeAgent:
                 "to use it")
         ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, max_retries=tool.max_retries,
                                 deps=run_deps)
+        if usage is not None:
+            ctx = replace(ctx, usage=usage)
         instrumentation = instrumentation_of(self.agent)
         try:
             if self._hooked or instrumentation is not None:
                 ctx = instrumented_context(ctx, instrumentation)
-                return jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+                result = jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
+                if usage is not None and usage.tool_calls:  # pydantic-ai's ToolManager counted this call itself
+                    usage.tool_calls -= 1
+                return result
             validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
             return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
         except Exception as e:

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
+from pydantic_ai.usage import RunUsage
 from pydantic_core import to_json
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -53,12 +54,13 @@ def _earlier_outcomes(details: Any) -> dict[str, BatchOutcome]:
         return {}
 
 
-async def _one_try(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, attempt: int) -> Any:
+async def _one_try(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, attempt: int,
+                   usage: RunUsage) -> Any:
     ctx = ToolCallContext(workflow_id=activity.info().workflow_id or "", call_id=call.call_id, tool=input.tool,
                           attempt=attempt)
     with bind_call(ctx):
         return await agent.call_tool(input.tool, call.args, call_id=call.call_id, attempt=attempt, deps=input.deps,
-                                     recorded_schema=input.schema_digest)
+                                     recorded_schema=input.schema_digest, usage=usage)
 
 
 async def _settle(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, first_attempt: int) -> BatchOutcome:
@@ -70,9 +72,11 @@ async def _settle(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, fi
     final: BatchOutcome | None = None
     for n in range(tries):
         try:
+            usage = RunUsage()  # the try's `ctx.usage`: what a sub-agent run adds is counted in the run
             async with asyncio.timeout(input.timeout.total_seconds()) as deadline:
-                value = await _one_try(agent, input, call, first_attempt + n)
-            return BatchOutcome(call_id=call.call_id, kind="ok", value=value)
+                value = await _one_try(agent, input, call, first_attempt + n, usage)
+            return BatchOutcome(call_id=call.call_id, kind="ok", value=value,
+                                usage=usage if usage.has_values() else None)
         except TimeoutError as e:
             if not deadline.expired():  # the tool's own TimeoutError: final, as any other exception
                 return BatchOutcome(call_id=call.call_id, kind="error", error_type="TimeoutError",

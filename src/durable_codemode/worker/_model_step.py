@@ -173,14 +173,38 @@ def _for_graph(messages: list[ModelMessage], run_id: str | None) -> tuple[list[M
     return out, originals
 
 
+def _requests_merged(messages: list[ModelMessage]) -> list[tuple[ModelMessage, bool]]:
+    """`messages` with consecutive requests merged into one, as the graph keeps a history (and whether merged).
+
+    A conversation continued after an output tool's answer has two requests in a row (the one answering the output
+    tool, which `RunResult.all_messages()` ends with, then the new prompt): pydantic-ai sends them, and keeps
+    them, as one. That is its own cleaning of the history, not a hook rewriting it.
+    """
+    out: list[tuple[ModelMessage, bool]] = []
+    for message in messages:
+        if out and isinstance(message, ModelRequest) and isinstance(out[-1][0], ModelRequest):
+            out[-1] = (replace(out[-1][0], parts=[*out[-1][0].parts, *message.parts]), True)
+        else:
+            out.append((message, False))
+    return out
+
+
 def _same_history(before: list[ModelMessage], after: list[ModelMessage]) -> bool:
-    """Whether the graph kept the history it was given (the request it sends is stamped: compared by its parts)."""
-    if len(before) != len(after) or not before:
-        return len(before) == len(after)
-    last_before, last_after = before[-1], after[-1]
-    if not (isinstance(last_before, ModelRequest) and isinstance(last_after, ModelRequest)):
+    """Whether the graph kept the history it was given.
+
+    The request it sends is stamped, and a request it merged from several is its own: those are compared by their
+    parts; every other message must be the one it was given.
+    """
+    merged = _requests_merged(before)
+    if len(merged) != len(after) or not merged:
+        return len(merged) == len(after)
+    if not (isinstance(merged[-1][0], ModelRequest) and isinstance(after[-1], ModelRequest)):
         return False
-    return before[:-1] == after[:-1] and list(last_before.parts) == list(last_after.parts)
+    last = len(after) - 1
+    return all(
+        list(mine.parts) == list(theirs.parts) if (was_merged or i == last) and isinstance(mine, ModelRequest)
+        and isinstance(theirs, ModelRequest) else mine == theirs
+        for i, ((mine, was_merged), theirs) in enumerate(zip(merged, after, strict=True)))
 
 
 async def model_step(agent: Agent[Any, Any], own: Sequence[AbstractCapability[Any]], *, model: Model,

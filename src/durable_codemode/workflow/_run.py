@@ -46,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         REJECTED_DECISIONS_QUERY,
         ApprovalDecision,
         ApprovalRecord,
+        ChildApprovals,
         PendingApproval,
         RejectedDecision,
     )
@@ -54,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         AFTER_RUN_ACTIVITY,
+        CHILD_APPROVALS_SIGNAL,
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         OUTPUT_ACTIVITY,
@@ -66,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview
     from .._signing import ApproverKeyring
+    from .._tool_usage import split_usage
     from .._types import (
         AfterRunInput,
         AgentSpec,
@@ -87,6 +90,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
     from ._batch import ToolBatcher
+    from ._child_runs import ChildRuns
     from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
@@ -104,6 +108,10 @@ _DESCRIBE_TIMEOUT = timedelta(seconds=30)
 _SEAL_TIMEOUT = timedelta(seconds=10)
 _OUTPUT_TIMEOUT = timedelta(minutes=5)
 """Output validators may do I/O (a lookup, another model): as long as a model request may take."""
+
+_NOT_RUN = "Tool not executed - a final result was already processed."
+"""What a function call of a run's final response returns when the output ended the run first (pydantic-ai's
+words for it), so the conversation's last response has an answer for each of its calls."""
 
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
@@ -140,6 +148,24 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         raise
 
 
+def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
+    """Whether a run may start another tool call, now that its tools' sub-agent runs are counted in its usage.
+
+    Only a tool's own model use (`_tool_usage`) can take a run past its request or token limits between two
+    model requests (each request checks them before and after), so an ordinary run never fails here; one whose
+    programs delegate in a loop stops at the first call past a limit instead of at its next model request.
+    """
+    limits.check_tokens(usage)
+    if limits.request_limit is not None and usage.requests > limits.request_limit:
+        raise UsageLimitExceeded(f"Exceeded the request_limit of {limits.request_limit} (requests={usage.requests}), "
+                                 "counting the requests of the run's tools' own agent runs")
+
+
+def _copied(usage: RunUsage | None) -> RunUsage:
+    """A run's starting usage (`RunInput.usage`), as a copy the run may count into: the input itself is carried on."""
+    return RunUsage() if usage is None else replace(usage, details=dict(usage.details))
+
+
 def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
     """The type and message a run's failure has: its own, or its activity's cause's (a model request's)."""
     failure = error.cause if isinstance(error, ActivityError) and error.cause is not None else error
@@ -173,6 +199,9 @@ class CodeModeRunWorkflow:
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
         self._files: RunFilesystem | None = None
+        self._output_tool_name: str | None = None
+        self._children = ChildRuns()
+        self._started_by: str | None = None
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -187,8 +216,17 @@ class CodeModeRunWorkflow:
 
     @workflow.query(name=PENDING_APPROVALS_QUERY)
     def pending_approvals(self) -> list[PendingApproval]:
-        """The calls waiting for a decision, with their arguments and the program that made them."""
-        return list(self._approvals.pending.values())
+        """The calls waiting for a decision, with their arguments and the program that made them.
+
+        Also the calls its child runs wait on (`child_run_tool`), each with the child's `run_id` to decide it on.
+        """
+        return [*self._approvals.pending.values(), *self._children.waiting()]
+
+    @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
+    def child_approvals(self, news: ChildApprovals) -> None:
+        """A child run's calls waiting for a person, listed by `pending_approvals` (and passed on to our parent)."""
+        self._children.heard(news)
+        self._children.tell_parent(self.pending_approvals())
 
     @workflow.query(name=REJECTED_DECISIONS_QUERY)
     def rejected_decisions(self) -> list[RejectedDecision]:
@@ -213,7 +251,18 @@ class CodeModeRunWorkflow:
         Signatures are checked here with this worker's keys: a replay never runs a validator again, so it never
         needs them. A rejection is final (not retryable): sending the same decision again cannot succeed.
         """
+        self._refuse_a_childs_call(decision)
         self._approvals.checked(decision, update_id=self._update_id(), keyring=self._keyring())
+
+    def _refuse_a_childs_call(self, decision: Any) -> None:
+        """A decision sent to this run for a call that waits in one of its child runs: refused, saying where to."""
+        call_id = decision.get("call_id") if isinstance(decision, dict) else getattr(decision, "call_id", None)
+        elsewhere = next((p.run_id for p in self._children.waiting() if p.call_id == call_id), None)
+        if elsewhere is not None and call_id not in self._approvals.pending:
+            raise ApplicationError(
+                f"call {call_id!r} waits in child run {elsewhere!r} (a sub-agent this run asked), not in this run: "
+                f"decide it there, decide(client, {elsewhere!r}, {call_id!r}) or `codemode approve {elsewhere} "
+                f"{call_id}`", type="ApprovalRejected", non_retryable=True)
 
     @staticmethod
     def _keyring() -> ApproverKeyring:
@@ -261,6 +310,7 @@ class CodeModeRunWorkflow:
 
     def _show_details(self) -> None:
         self._progress.show()
+        self._children.tell_parent(self.pending_approvals())  # a child run: its parent lists these calls too
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
@@ -278,9 +328,11 @@ class CodeModeRunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=f"describe agent {input.agent}",
             )
-            cont = Continuation(spec=spec, usage=RunUsage(), turns=[], runs=0)
+            cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
+                                runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
         self._deps = input.deps
+        self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._output_retries = cont.output_retries
@@ -433,7 +485,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
                                                    counts=not maybe_text)
                 if verdict.retry is None:
-                    return verdict.output
+                    return self._closed(messages, calls, verdict, [])
                 if not functions:
                     messages.append(self._request(list(verdict.retry.parts)))
                     continue
@@ -465,7 +517,7 @@ class CodeModeRunWorkflow:
                 verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
                                                              output_calls, index)
                 if verdict.retry is None:
-                    return verdict.output
+                    return self._closed(messages, calls, verdict, parts)
                 retry_parts = list(verdict.retry.parts)
             messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
 
@@ -480,12 +532,30 @@ class CodeModeRunWorkflow:
                 result_type=None,
                 summary="after_run hooks",
             )
-        return self._result(output, cont)
+        return self._result(output, cont, messages)
 
-    def _result(self, output: Any, cont: Continuation) -> RunResult[Any]:
+    def _closed(self, messages: list[ModelMessage], calls: list[ToolCallPart], verdict: OutputVerdict,
+                answered: list[ModelRequestPart]) -> Any:
+        """`verdict`'s output, once the request pydantic-ai ends such a run's messages with is added to them.
+
+        That request answers the final response's tool calls: the output tool's (`verdict.closing`, from the output
+        activity), the function calls that ran (`answered`), and the others as not run, so the conversation can be
+        continued (`RunResult.all_messages()`). Verdicts recorded before `closing` existed add nothing.
+        """
+        self._output_tool_name = verdict.output_tool
+        if verdict.closing is not None:
+            parts = [*answered, *verdict.closing.parts]
+            done = {getattr(p, "tool_call_id", None) for p in parts}
+            parts += [self._return(c, _NOT_RUN) for c in calls if c.tool_call_id not in done]
+            messages.append(replace(verdict.closing, parts=self._in_call_order(calls, parts)))
+        return verdict.output
+
+    def _result(self, output: Any, cont: Continuation, messages: list[ModelMessage]) -> RunResult[Any]:
         bound_turns(cont.turns)
         return RunResult(output=output, usage=cont.usage, turns=cont.turns, continued_as_new=cont.runs,
-                         approvals=self._approvals.audit)
+                         approvals=self._approvals.audit, messages=list(messages),
+                         new_message_index=min(cont.new_message_index, len(messages)),
+                         output_tool_name=self._output_tool_name, run_id=workflow.info().workflow_id)
 
     async def _output_after_functions(
         self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
@@ -612,6 +682,7 @@ class CodeModeRunWorkflow:
         if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
             projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
             self._check_usage(lambda u: u.check_before_tool_call(projected))
+            self._check_usage(lambda u: _check_counted(u, self._usage))
         self._usage.tool_calls += 1
         wait = None
         if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
@@ -660,6 +731,15 @@ class CodeModeRunWorkflow:
         started = workflow.now()
         status: Any = "ok"
         settled: Settled
+        if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
+            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by)
+            if child is None:
+                assert error is not None
+                settled, status = _raised(error["exc_type"], error["message"]), "error"
+            else:
+                self._usage.incr(child.usage)
+                settled = {"return_value": child.output}
+            return settled, self._record(call_id, tool, args_text, settled, status, started)
         if spec.batch and spec.in_sandbox and approval is None:
             answer = await self._batcher.submit(spec, call_id, args)
             if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
@@ -667,14 +747,19 @@ class CodeModeRunWorkflow:
                     settled, status = _tool_error(tool, answer), "error"
                 elif answer.kind == "ok":
                     settled = {"return_value": answer.value}
+                    if answer.usage is not None:
+                        self._usage.incr(answer.usage)
                 else:
                     settled, status = _raised(answer.error_type, answer.message or ""), "error"
                 return settled, self._record(call_id, tool, args_text, settled, status, started)
         try:
             if spec.local:
-                value = await workflow.execute_local_activity(spec.activity_type, payload, **options)
+                result = await workflow.execute_local_activity(spec.activity_type, payload, **options)
             else:
-                value = await workflow.execute_activity(spec.activity_type, payload, **options)
+                result = await workflow.execute_activity(spec.activity_type, payload, **options)
+            value, added = split_usage(result)  # what a sub-agent run of the tool used counts in the run's usage
+            if added is not None:
+                self._usage.incr(added)
             settled = {"return_value": value}
         except ActivityError as e:
             settled, status = _tool_error(tool, e), "error"
@@ -757,12 +842,13 @@ class CodeModeRunWorkflow:
             deps_type=input.deps_type,
             model_settings=input.model_settings,
             usage_limits=input.usage_limits,
+            usage=input.usage,
             started_by=input.started_by,
             instructions=input.instructions,
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
                                       output_retries=self._output_retries, tool_retries=self._tool_retries,
-                                      files=files),
+                                      files=files, new_message_index=cont.new_message_index),
         ))
 
     def _carried_files(self, spec: AgentSpec) -> tuple[CarriedFiles | None, str | None]:
