@@ -383,7 +383,7 @@ def test_the_run_context_fields_the_worker_sets_are_there() -> None:
                "run_id", "conversation_id", "capabilities", "validation_context", "discovered_tool_names", "tracer",
                "trace_include_content", "instrumentation_version", "messages", "prompt", "run_step",
                "model_settings"} - fields
-    assert not missing, f"CodeModeAgent._run_context and instrumented_context set these RunContext fields: {missing}"
+    assert not missing, f"CodeModeAgent.run_context and instrumented_context set these RunContext fields: {missing}"
 
 
 def test_the_model_selection_context_the_selector_gets_is_there() -> None:

@@ -65,7 +65,10 @@ from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
 from ._failures import TRANSIENT, message_of, tool_failure
 from ._heartbeat import heartbeating
+from ._model_requests import request_model
+from ._run_outcome import after_run, check_output, on_run_error
 from ._seal import monty_version, seal
+from ._tool_calls import call_tool
 
 __all__ = ["CodeModeActivities"]
 
@@ -193,7 +196,7 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         try:
-            step = await heartbeating(agent.request(
+            step = await heartbeating(request_model(agent, 
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
                 output=input.output, native_tools=input.native_tools, hooked=input.hooks, usage=input.usage,
                 run_step=input.run_step, output_retries=input.output_retries))
@@ -227,7 +230,7 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         try:
-            return await heartbeating(agent.check_output(
+            return await heartbeating(check_output(agent, 
                 input.messages, input.response, retries=input.retries, deps=input.deps,
                 model_settings=input.model_settings))
         except TRANSIENT as e:
@@ -248,7 +251,7 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         try:
-            return await heartbeating(agent.after_run(input.model, input.messages, input.output, input.usage,
+            return await heartbeating(after_run(agent, input.model, input.messages, input.output, input.usage,
                                                       deps=input.deps))
         except TRANSIENT as e:
             raise ApplicationError(message_of(e), type=type(e).__name__) from e
@@ -269,7 +272,7 @@ class CodeModeActivities:
         error = run_failure(input.error_type, input.error_message)
         try:
             return RunRecovery(recovered=True, output=await heartbeating(
-                agent.on_run_error(input.model, input.messages, input.usage, error, deps=input.deps)))
+                on_run_error(agent, input.model, input.messages, input.usage, error, deps=input.deps)))
         except BaseException as e:
             if e is error:
                 return RunRecovery(recovered=False)
@@ -302,7 +305,7 @@ class CodeModeActivities:
         with bind_call(ctx):
             try:
                 result = await heartbeating(
-                    agent.call_tool(tool_name, payload.args, call_id=call_id, attempt=info.attempt,
+                    call_tool(agent, tool_name, payload.args, call_id=call_id, attempt=info.attempt,
                                     deps=payload.deps, recorded_schema=payload.schema_digest, usage=usage))
             except Exception as e:
                 raise tool_failure(tool_name, e) from e

@@ -1,93 +1,56 @@
-"""`CodeModeAgent`: a `pydantic_ai.Agent` made durable, and the activity bodies that serve it on a worker.
+"""`CodeModeAgent`: a `pydantic_ai.Agent` made durable: the user's configuration of it, checked when it is built.
 
 The agent stays an ordinary pydantic-ai agent (model, instructions, tools declared with `@agent.tool_plain`,
 `Tool(...)` or a `FunctionToolset`); this wrapper adds what the durable run needs to know: which tools the
-sandbox may call, their activity options, the snippet limits, and the environment the sandbox may read.
+sandbox may call, their activity options, the snippet limits, the environment the sandbox may read, and how a
+run's deps are built on the worker. What pydantic-ai does not apply in a durable run is refused here, by name.
+
+The activities that serve it each have a module of their own: `_describe` (a run's start), `_model_requests`,
+`_tool_calls` and `_run_outcome` (the output check, the end hooks).
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import os
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any, TypeVar, Union, cast
+from typing import Any, TypeVar, Union
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
-from pydantic_ai import Agent, AgentRunResult, CallToolsNode, DeferredToolRequests, PendingModelResponse, RunContext
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    SystemPromptPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.models import Model, ModelRequestParameters, ModelSelectionContext, infer_model
-from pydantic_ai.models.function import AgentInfo, FunctionModel
-from pydantic_ai.native_tools import AbstractNativeTool
-from pydantic_ai.profiles import ModelProfile
-from pydantic_ai.settings import ModelSettings
+from pydantic_ai import Agent, DeferredToolRequests, PendingModelResponse, RunContext
+from pydantic_ai.models import Model, infer_model
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
-from pydantic_graph import End
 from temporalio import activity
 
-from .._approvals import RecordedApproverPolicy
 from .._catalog import CATALOG_FUNCTIONS
 from .._config import CatalogSettings, SnippetLimits, ToolOptions
-from .._errors import CodeModeUserError, GuardrailError
+from .._errors import CodeModeUserError
 from .._files import RunFiles
 from .._models import build_model
-from .._names import CHILD_RUN_METADATA, RUN_CODE_TOOL, tool_activity_type
+from .._names import RUN_CODE_TOOL
 from .._pydantic_ai import (
-    agent_run_result,
     agent_settings,
     output_types,
     resolves_per_run,
-    start_step,
 )
-from .._results import jsonable
-from .._stubs import (
-    deferred_section,
-    estimate_tokens,
-    index_section,
-    render_tool_stubs,
-    run_code_tool_definition,
-    stubs_of,
-    tool_summary,
-)
-from .._types import AgentSpec, CatalogEntry, DynamicPrompt, ModelStep, OutputSpec, OutputVerdict, ToolCatalog, ToolSpec
+from .._types import AgentSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import (
-    call_through_hooks,
-    extra_capabilities,
+    CapabilityUse,
     fallback_model_names,
-    has_after_run_hooks,
-    has_model_request_hooks,
-    has_prepare_tools_hooks,
-    has_run_error_hooks,
-    instrumentation_of,
-    instrumented_context,
     model_selector,
-    probing,
     registered_capabilities,
-    run_after_run,
-    run_before_run,
-    run_on_run_error,
     run_toolset,
     unapplied_hooks,
     unsupported_model_wrappers,
     unsupported_tool_search,
-    wraps_toolsets,
 )
-from ._files import files_spec
-from ._mcp import as_received, mcp_toolsets, reconnect_lost, schema_digest
-from ._model_step import model_step
+from ._describe import describe_run
+from ._mcp import as_received, mcp_toolsets
 
 __all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
 
@@ -145,77 +108,6 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
     return found
 
 
-_PROBE_PROFILE = ModelProfile(supports_tools=True, supports_json_schema_output=True, supports_json_object_output=True)
-"""The profile of the `FunctionModel`s that ask pydantic-ai about the agent: one that takes every output mode, so
-the agent's own `NativeOutput` is not refused by the probe (the run's real model decides for itself)."""
-
-
-class _RawProbeModel(FunctionModel):
-    """The describe probe's model: it sees the history as the run has it, not as rendered for a model.
-
-    `Model.prepare_messages` renders parts for sending (an appending system prompt as its `<pyai:context>`
-    element); the run records the parts themselves, and pydantic-ai renders them at each request (the model step).
-    """
-
-    def prepare_messages(self, messages: list[ModelMessage],
-                         model_request_parameters: ModelRequestParameters | None = None) -> list[ModelMessage]:
-        return messages
-
-
-class _Probed(Exception):
-    """Ends a probing run of the agent at the model request it was started for (its work is done by then)."""
-
-    def __init__(self, messages: list[ModelMessage], info: AgentInfo) -> None:
-        super().__init__("probe")
-        self.messages, self.info = messages, info
-
-
-def _output_spec(agent: Agent[Any, Any], info: AgentInfo) -> OutputSpec | None:
-    """The agent's output as a run records it (`None`: `str` and no validators: the text is the answer).
-
-    Read from the request pydantic-ai would send (the describe probe's): its output tools as the capabilities
-    prepared them, its output mode and what else it allows.
-    """
-    if agent.output_type is str and not agent_settings(agent).has_output_validators:
-        return None
-    parameters = info.model_request_parameters
-    return OutputSpec(mode=parameters.output_mode, tools=list(info.output_tools), object_def=parameters.output_object,
-                      prompted_template=parameters.prompted_output_template or None,
-                      allows_text=parameters.allow_text_output, allows_image=parameters.allow_image_output,
-                      structured_text=parameters.output_mode in ("native", "prompted"),
-                      end_strategy=agent.end_strategy)
-
-
-def _last_prompt(messages: list[ModelMessage]) -> Any:
-    """The run's latest user prompt (`ctx.prompt`), as pydantic-ai keeps it for the run."""
-    for message in reversed(messages):
-        if isinstance(message, ModelRequest):
-            for part in message.parts:
-                if isinstance(part, UserPromptPart):
-                    return part.content
-    return None
-
-
-_MARK = "durable-codemode: the output tool's return"
-
-
-def _closing(result: AgentRunResult[Any]) -> dict[str, Any]:
-    """What ends a run's messages after its output (`OutputVerdict.closing`, `.output_tool`), as pydantic-ai left it.
-
-    pydantic-ai answers an output tool's call with a last request (`'Final result processed.'`); which output tool
-    gave the output is found with its own public `all_messages(output_tool_return_content=...)`.
-    """
-    last = result.all_messages()[-1]
-    if not isinstance(last, ModelRequest):
-        return {}
-    try:
-        marked = result.all_messages(output_tool_return_content=_MARK)[-1]
-    except (ValueError, LookupError):  # no output tool gave the output
-        return {"closing": last}
-    tool = next((p.tool_name for p in marked.parts if isinstance(p, ToolReturnPart) and p.content == _MARK), None)
-    return {"closing": last, "output_tool": tool}
-
-
 @functools.cache
 def _adapter(kind: Any) -> TypeAdapter[Any]:
     return TypeAdapter(kind)
@@ -254,45 +146,6 @@ def _qualified_name(kind: Any) -> str | None:
     if not isinstance(kind, type):
         return None
     return f"{kind.__module__}.{kind.__qualname__}"
-
-
-def _provider_tools(tools: Sequence[AbstractNativeTool]) -> list[AbstractNativeTool]:
-    """The provider tools a run records (`AgentSpec.native_tools`), from the probe's request: not tool search.
-
-    pydantic-ai's `ToolSearch` adds an optional `ToolSearchTool` to a request whenever a tool is deferred
-    (`defer_loading=True`); a durable run finds its deferred tools in the sandbox instead (`_deferred_catalog`),
-    so it is left out. One a capability asks for outright (not optional) would search tools the run never sends
-    the provider: refused, with the fix.
-    """
-    for tool in tools:
-        if _is_tool_search(tool) and not tool.optional:
-            raise CodeModeUserError(
-                "a capability asks for the provider's own tool search (ToolSearchTool, not optional): a durable run "
-                "sends the provider no deferred tools to search, since programs find them with search_tools in the "
-                "sandbox; drop the ToolSearchTool (or the strategy of your ToolSearch capability)")
-    return [tool for tool in tools if not _is_tool_search(tool)]
-
-
-def _is_tool_search(tool: AbstractNativeTool) -> bool:
-    """Whether `tool` is pydantic-ai's `ToolSearchTool` (which it does not export: told by its public `kind`)."""
-    return tool.kind == "tool_search"
-
-
-def _built_or_none(name: str) -> Model | None:
-    """The model called `name` (a model string, as a response's `model_id` may be), or `None` if none can be built."""
-    try:
-        return build_model(name, subject="a model selector's previous model", whose="it", otherwise="")
-    except (CodeModeUserError, ValueError, ImportError):  # e.g. `function:...`: a model object's id, not a name
-        return None
-
-
-def _catalog_of(tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]) -> ToolCatalog:
-    """The recorded catalog of `tools`, from their own stubs (`render_tool_stubs`), each type definition once."""
-    types: dict[str, int] = {}
-    entries = [CatalogEntry(name=tool.name, summary=tool_summary(tool), function=function,
-                            types=[types.setdefault(t, len(types)) for t in definitions])
-               for tool, (definitions, function) in zip(tools, own_stubs, strict=True)]
-    return ToolCatalog(entries=entries, types=list(types))
 
 
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
@@ -413,16 +266,8 @@ class CodeModeAgent:
         self._run_deps_type: Any = run_deps_type
         self.files = files
         self.catalog = catalog or CatalogSettings()
-        self._hooked = bool(extra_capabilities(agent))
-        """Whether tool calls go through the agent's capabilities' tool hooks (pydantic-ai's `ToolManager`)."""
-        self._model_hooked = has_model_request_hooks(agent)
-        """Whether a model request's hooks need the run's step and usage, and may retry or rewrite (`request`)."""
-        self._model_selector = model_selector(agent)
-        self._selected_models: dict[str, Model] = {}  # what the selector picked, by `model_id`, on this worker
-        self._after_run_hooked = has_after_run_hooks(agent)
-        self._run_error_hooked = has_run_error_hooks(agent)
-        self._prepares_tools = has_prepare_tools_hooks(agent)
-        self._wraps_toolsets = wraps_toolsets(agent)
+        self.capability_use = CapabilityUse.of(agent)
+        """Where the agent's own capabilities act in a durable run (read once: the worker's activities consult it)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None
 
     def __repr__(self) -> str:
@@ -509,7 +354,7 @@ class CodeModeAgent:
         """Whether every run's deps are built on the worker (`deps_factory`), even a run that recorded none."""
         return self._deps_factory is not None
 
-    def _run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
+    def run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
                      attempt: int = 1, max_retries: int | None = None, deps: Any = None) -> RunContext[Any]:
         """The `RunContext` pydantic-ai would give a tool, a `prepare` function or a hook of this run, on the worker.
 
@@ -547,15 +392,15 @@ class CodeModeAgent:
         if mcp_toolsets(self.agent.toolsets):
             # Not cached here: an MCP server's tool list may change while the worker runs (the toolset keeps it
             # until the server says it changed, or it reconnects), and a new run must record the new one.
-            return await self._read_tools(self._run_context())
+            return await self._read_tools(self.run_context())
         if self._tools is None:
-            self._tools = await self._read_tools(self._run_context())
+            self._tools = await self._read_tools(self.run_context())
         return self._tools
 
     async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
         # Each toolset on its own (a call goes to the one that has the tool), unless a capability wraps them all.
-        toolsets = [await run_toolset(self.agent, ctx)] if self._wraps_toolsets else [
+        toolsets = [await run_toolset(self.agent, ctx)] if self.capability_use.wraps_toolsets else [
             await toolset.for_run(ctx) for toolset in self.agent.toolsets]  # a dynamic toolset is built for the run
         for toolset in toolsets:
             for tool_name, tool in (await toolset.get_tools(ctx)).items():
@@ -566,7 +411,7 @@ class CodeModeAgent:
             raise CodeModeUserError(f"agent {self.name!r} has a tool named {RUN_CODE_TOOL!r}, the name code "
                                     "mode gives its own tool: rename it")
         private = sorted(name for name, (_, tool) in found.items()
-                         if name.startswith("_") and self._in_sandbox(tool.tool_def, self.options_for(tool.tool_def)))
+                         if name.startswith("_") and self.in_sandbox(tool.tool_def, self.options_for(tool.tool_def)))
         if private:
             raise CodeModeUserError(
                 f"agent {self.name!r} has sandbox tools whose names start with '_' ({', '.join(private)}): programs "
@@ -611,7 +456,8 @@ class CodeModeAgent:
         """The approval rule of `tool`: from `tool_options`, else `default_tool_options` (not from metadata)."""
         return (self._tool_options.get(tool) or self._default_options).approval_rule
 
-    def _in_sandbox(self, tool: ToolDefinition, options: ToolOptions) -> bool:
+    def in_sandbox(self, tool: ToolDefinition, options: ToolOptions) -> bool:
+        """Whether programs call `tool` (else the model calls it directly): its options, then `sandbox_tools`."""
         if not self.code_mode:
             return False
         if options.in_sandbox is not None:
@@ -622,176 +468,24 @@ class CodeModeAgent:
             return bool(self._selector(tool))
         return tool.name in self._selector
 
-    # -- activity bodies --------------------------------------------------------------------------------------
+    # -- what a run records, and the models it uses ---------------------------------------------------------
 
     async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
                        model: str | None = None, authority: ApprovalAuthority | None = None,
                        instructions: str | None = None, prompt: str | None = None) -> AgentSpec:
-        """The spec a run records at its start: instructions, tool definitions, stubs, limits, environment.
+        """The spec a run of this agent records at its start (the describe activity; see `_describe.describe_run`).
 
-        Dynamic instructions and tools' `prepare` functions see the run's deps (`run_deps`). The run's model
-        (`model`, else the agent's) is built first, so one that cannot work fails the run before any model request.
-        With the worker's approval `authority`, tools' approver policies are recorded with their groups resolved,
-        and a run whose calls could never be approved on this worker is refused. The run's own `instructions` are
-        added to the agent's, as `Agent.run(instructions=...)` adds them.
-
-        The capabilities' `before_run` hooks run here, first, with the run's prompt and deps: this is the run's
-        start, before any model request or tool call, so a guardrail that raises ends the run there (and once:
-        a continued run does not describe again).
+        Instructions, system prompts, the tool definitions the model is offered, each tool's options and
+        approvers, the output spec, the limits and the environment the sandbox may read, with the run's deps.
+        Its `before_run` hooks run first, with the run's prompt.
 
         Raises:
             GuardrailError: a `before_run` hook raised (its exception is the cause).
+            CodeModeUserError: the run's model cannot work here, or a tool's options contradict each other.
 
         """
-        chosen = self.resolve_model(model)
-        deps = self.run_deps(raw_deps, type_name=deps_type)
-        try:
-            await run_before_run(self.agent, replace(self._run_context(deps=deps), model=chosen, prompt=prompt,
-                                                     run_step=0))
-        except Exception as e:
-            raise GuardrailError(f"a before_run hook of agent {self.name!r} stopped the run before it started: "
-                                 f"{type(e).__name__}: {e}") from e
-
-        def capture(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            raise _Probed(messages, info)
-
-        # Asking pydantic-ai what it would send the model resolves static and dynamic instructions (and system
-        # prompts, static and from `@agent.system_prompt` functions, with the run's deps) and the output tools
-        # exactly as an ordinary run does, using its public API (`probing` masks the run and model-request hooks,
-        # which run once, where they belong, through a private override slot pinned by tests/test_compat.py).
-        try:
-            with probing(self.agent, preparing=True):
-                await self.agent.run(prompt or "", model=_RawProbeModel(capture, profile=_PROBE_PROFILE), deps=deps,
-                                     instructions=instructions)
-            raise AssertionError("the probing run ended without a model request")
-        except _Probed as probed:
-            info = probed.info
-            system_parts = [part for message in probed.messages if isinstance(message, ModelRequest)
-                            for part in message.parts if isinstance(part, SystemPromptPart)]
-            system_prompts = [part.content for part in system_parts]
-            dynamic_prompts = [DynamicPrompt(index=i, ref=part.dynamic_ref, context_id=part.context_id)
-                               for i, part in enumerate(system_parts) if part.dynamic_ref]
-        tools = (await self.tools(self._run_context(deps=deps)) if raw_deps is not None or self.builds_deps
-                 else await self.tools())
-        if self._prepares_tools:  # the probe's request went through them: keep the tools they left, as they left them
-            # The request's parameters, not `info.function_tools`: those leave out the deferred tools
-            # (`defer_loading=True`), which `ToolSearch` hides from the model only after the hooks prepared them.
-            prepared = {d.name: d for d in info.model_request_parameters.function_tools}
-            tools = {name: (toolset, replace(tool, tool_def=as_received(prepared[name]) if mcp_toolsets([tool.toolset])
-                                             else prepared[name]))
-                     for name, (toolset, tool) in tools.items() if name in prepared}
-        specs: list[ToolSpec] = []
-        sandbox_defs: list[ToolDefinition] = []
-        native_defs: list[ToolDefinition] = []
-        for tool_name, (_toolset, tool) in tools.items():
-            options = self.options_for(tool.tool_def)
-            in_sandbox = self._in_sandbox(tool.tool_def, options)
-            if tool.tool_def.defer_loading and not in_sandbox:
-                raise CodeModeUserError(
-                    f"tool {tool_name!r} of agent {self.name!r} has defer_loading=True but is offered to the model "
-                    "directly (not in the sandbox): a durable run offers its direct tools from its start and has no "
-                    "tool search for them; let programs call it (they find deferred tools with search_tools), or "
-                    "drop defer_loading=True")
-            (sandbox_defs if in_sandbox else native_defs).append(tool.tool_def)
-            requires_approval = options.requires_approval or tool.tool_def.kind == "unapproved"
-            if options.batch and requires_approval:
-                raise CodeModeUserError(
-                    f"tool {tool_name!r} of agent {self.name!r} has ToolOptions(batch=True) but needs approval "
-                    "(pydantic-ai's requires_approval=True on the tool): a call waiting for a person cannot share a "
-                    "batch with calls that run at once; drop batch=True for it, or its requires_approval")
-            specs.append(ToolSpec(name=tool_name, activity_type=tool_activity_type(self.name, tool_name),
-                                  in_sandbox=in_sandbox, timeout=options.timeout,
-                                  retry_policy=options.retry_policy, local=options.local,
-                                  requires_approval=requires_approval,
-                                  approval_rule=options.approval_rule is not None,
-                                  approval_timeout=options.approval_timeout,
-                                  heartbeat_timeout=options.heartbeat_timeout,
-                                  approvers=self._approvers(tool_name, options, authority,
-                                                            requires_approval or options.approval_rule is not None),
-                                  max_retries=tool.max_retries, batch=options.batch and in_sandbox,
-                                  schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None,
-                                  child_run=self._child_run(tool.tool_def, options)))
-        stubs, own_stubs = render_tool_stubs(sandbox_defs)
-        files = files_spec(self.name, self.files) if self.files is not None and self.code_mode else None
-        catalog = index = deferred = None
-        shown_stubs = stubs
-        if self.code_mode and self.catalog.wants_index(tools=len(sandbox_defs), stub_tokens=estimate_tokens(stubs)):
-            catalog = _catalog_of(sandbox_defs, own_stubs)
-            pairs = [(e.name, e.summary) for e in catalog.entries]
-            index = index_section(pairs)
-            if estimate_tokens(index) > self.catalog.max_stub_tokens:  # even the index is over budget: names only
-                index = index_section(pairs, summaries=False)
-        elif any(d.defer_loading for d in sandbox_defs):
-            catalog, shown_stubs, deferred = self._deferred_catalog(sandbox_defs, own_stubs)
-        model_tools = ([run_code_tool_definition(shown_stubs, self.limits, index, files=files, deferred=deferred)]
-                       if self.code_mode else []) + native_defs
-        own = self.agent.model
-        return AgentSpec(
-            agent=self.name,
-            model_name=own.model_name if isinstance(own, Model) else str(own),
-            instructions=info.instructions,
-            system_prompts=system_prompts,
-            dynamic_prompts=dynamic_prompts,
-            code_mode=self.code_mode,
-            model_tools=model_tools,
-            tools=specs,
-            stubs=stubs,
-            limits=self.limits,
-            env={k: os.environ[k] for k in self.env_allowlist if k in os.environ},
-            sandbox_guards=True,
-            compute_escalation=True,
-            records_type_check_rejections=True, seeds_before_model_request=self.code_mode,
-            model_request_hooks=self._model_hooked, counts_failed_attempts=True,
-            after_run_hooks=self._after_run_hooked, run_error_hooks=self._run_error_hooked,
-            signed_approvals=authority is not None and not authority.unsigned,
-            output=_output_spec(self.agent, info),
-            native_tools=_provider_tools(info.model_request_parameters.native_tools),
-            files=files,
-            catalog=catalog,
-        )
-
-    def _deferred_catalog(self, tools: Sequence[ToolDefinition], own_stubs: Sequence[tuple[list[str], str]]
-                          ) -> tuple[ToolCatalog, str, str]:
-        """The catalog of `tools`, the stubs of those not deferred (`defer_loading=True`), and the section on them.
-
-        pydantic-ai's `ToolSearch` hides a deferred tool from the model until a search finds it. Here the
-        `run_code` description shows the other tools' stubs and only says how many are hidden, and programs find
-        them with `search_tools` / `describe_tool`, answered from the recorded catalog as for a large one (which
-        holds every tool, so `describe_tool` knows the shown ones too). The type checker knows every tool's stub,
-        so a found tool is called like any other.
-        """
-        if self.catalog.mode == "stubs":
-            names = ", ".join(repr(t.name) for t in tools if t.defer_loading)
-            raise CodeModeUserError(
-                f"agent {self.name!r} has tools with defer_loading=True ({names}), but its "
-                "CatalogSettings(mode='stubs') shows every tool's stub in the run_code description: drop "
-                "defer_loading=True from them, or the mode='stubs' (then programs find them with search_tools)")
-        shown = [own for tool, own in zip(tools, own_stubs, strict=True) if not tool.defer_loading]
-        hidden = len(tools) - len(shown)
-        return (_catalog_of(tools, own_stubs), stubs_of(shown) if shown else "",
-                deferred_section(hidden, shown=bool(shown)))
-
-    def _child_run(self, tool: ToolDefinition, options: ToolOptions) -> str | None:
-        """The agent a `child_run_tool` starts as a child run, as a run records it (`ToolSpec.child_run`)."""
-        child = (tool.metadata or {}).get(CHILD_RUN_METADATA)
-        if child is None:
-            return None
-        if options.local or options.batch:
-            raise CodeModeUserError(
-                f"tool {tool.name!r} of agent {self.name!r} runs agent {child!r} as a child run, which is a workflow, "
-                "not an activity: drop ToolOptions(local=True) / batch=True for it")
-        return str(child)
-
-    def _approvers(self, tool: str, options: ToolOptions, authority: ApprovalAuthority | None,
-                   gated: bool) -> RecordedApproverPolicy | None:
-        """The approver policy `tool`'s calls are decided under, as the run records it (groups resolved now)."""
-        if options.approvers is not None and not gated:
-            raise CodeModeUserError(f"tool {tool!r} of agent {self.name!r} names approvers, but its calls need no "
-                                    "approval: set requires_approval=True or an approval_rule in its ToolOptions")
-        if authority is None or not gated:
-            return None
-        authority.check_can_decide(self.name)
-        return authority.directory.resolve(options.approvers) if options.approvers is not None else None
+        return await describe_run(self, raw_deps, deps_type=deps_type, model=model, authority=authority,
+                                  instructions=instructions, prompt=prompt)
 
     def check_model(self) -> None:
         """Build the agent's model if it is a string, so one that cannot work stops the worker from starting.
@@ -832,176 +526,3 @@ class CodeModeAgent:
         """The model a capability's `RetryModelRequest` names (`ModelFallback`'s next candidate), built here."""
         return build_model(name, subject=f"agent {self.name!r}", whose="a fallback model",
                            otherwise="give the capability a model that works on this worker")
-
-    async def request(self, override: str | None, messages: list[ModelMessage], tools: list[ToolDefinition], *,
-                      deps: Any = None, model_settings: Mapping[str, Any] | None = None,
-                      output: OutputSpec | None = None, native_tools: Sequence[AbstractNativeTool] = (),
-                      hooked: bool = False, usage: RunUsage | None = None, run_step: int | None = None,
-                      output_retries: int = 0) -> ModelStep:
-        """The run's next model request, made by pydantic-ai's own graph for one step (`_model_step.model_step`).
-
-        With the recorded tool definitions, output tools, provider tools and instructions; the run's deps and model
-        settings (layered over the agent's and its capabilities' by pydantic-ai). `hooked` runs told a model-request
-        hook the run's step, usage and output retries (`AgentSpec.model_request_hooks`); others need none. A model
-        selector (`SelectModel`) picks the step's model first, unless the run has a model of its own (as
-        `Agent.run(model=...)`), in this activity, so a replay never asks it again.
-        """
-        model = self.resolve_model(override)
-        history = list(messages)
-        run_deps = self.run_deps(deps)
-        if self._model_selector is not None and override is None:
-            model = await self._selected_model(model, history, run_deps, run_step or 1, output_retries,
-                                               usage or RunUsage())
-        return await model_step(
-            self.agent, extra_capabilities(self.agent), model=model, messages=history, tools=tools,
-            native_tools=native_tools, output=output, deps=run_deps,
-            model_settings=cast(ModelSettings, dict(model_settings)) if model_settings else None,
-            usage=usage if hooked else None, run_step=run_step if hooked else None,
-            output_retries=output_retries, run_id=activity.info().workflow_id if activity.in_activity() else None,
-            instrumentation=instrumentation.settings if (instrumentation := instrumentation_of(self.agent)) else None)
-
-    async def _selected_model(self, default: Model, history: list[ModelMessage], deps: Any, run_step: int,
-                              output_retries: int, usage: RunUsage) -> Model:
-        """The model a selector (`SelectModel`) picks for this step.
-
-        It gets pydantic-ai's `ModelSelectionContext`: on the first step the agent's model, then the one that
-        answered the step before, as the last response recorded it (`model_id`): one this worker's selector picked,
-        or one built again from its name, else (picked as an object on another worker) the agent's. It runs in
-        the model activity, so what it picked is the recorded response's, and a replay never asks it again. A name
-        is built here, with the same key checks as the agent's model (a missing key fails the run, not retried).
-        """
-        assert self._model_selector is not None
-        previous = next((m for m in reversed(history) if isinstance(m, ModelResponse)), None)
-        lower = default
-        if previous is not None and previous.model_id and previous.model_id != default.model_id:
-            lower = self._selected_models.get(previous.model_id) or _built_or_none(previous.model_id) or default
-        selection = self._model_selector(ModelSelectionContext(
-            agent=self.agent, deps=deps, model=lower, run_step=run_step, prompt=_last_prompt(history),
-            messages=list(history), usage=usage, retry=output_retries,
-            max_retries=agent_settings(self.agent).output_retries,
-            run_id=activity.info().workflow_id if activity.in_activity() else None))
-        if inspect.isawaitable(selection):
-            selection = await selection
-        if isinstance(selection, Model):
-            self._selected_models[selection.model_id] = selection
-            return selection
-        return build_model(selection, subject=f"agent {self.name!r}", whose="the model its SelectModel picked",
-                           otherwise="have the selector pick a model that works on this worker")
-
-    async def check_output(self, messages: list[ModelMessage], response: ModelResponse, *, retries: int,
-                           deps: Any = None, model_settings: Mapping[str, Any] | None = None) -> OutputVerdict:
-        """Check `response` as pydantic-ai's own run would: the output type, output functions, output validators.
-
-        The agent runs for one step on a model that answers `response`: pydantic-ai validates it (and runs the
-        validators, which may do I/O: this is an activity) and either ends with the output, or asks the model again
-        with its retry request, which is what we return. The run's retry count is set first, so validators see the
-        durable run's `ctx.retry`, and a rejection past the budget raises pydantic-ai's `UnexpectedModelBehavior`.
-        """
-        asked = 0
-
-        def answer(history: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-            nonlocal asked
-            asked += 1
-            if asked == 1:
-                return response
-            raise _Probed(history, info)
-
-        model = FunctionModel(answer, profile=_PROBE_PROFILE)
-        try:
-            with probing(self.agent):
-                async with self.agent.iter(message_history=messages, model=model, deps=self.run_deps(deps),
-                                           model_settings=cast(ModelSettings | None, model_settings)) as run:
-                    start_step(run, output_retries=retries)
-                    node: Any = run.next_node
-                    while not isinstance(node, End):
-                        if isinstance(node, CallToolsNode):  # its tool manager is the step's: count on it too
-                            start_step(run, output_retries=retries)
-                        node = await run.next(node)
-        except _Probed as probed:
-            last = probed.messages[-1]
-            assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"
-            return OutputVerdict(retry=last)
-        assert run.result is not None
-        return OutputVerdict(output=jsonable(run.result.output), **_closing(run.result))
-
-    async def after_run(self, override: str | None, messages: list[ModelMessage], output: Any, usage: RunUsage, *,
-                        deps: Any = None) -> Any:
-        """The run's output (JSON) after the capabilities' `after_run` hooks, which may replace it.
-
-        They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and an
-        `AgentRunResult` whose `output` is the decided output rebuilt as the agent's output type, whose
-        `all_messages()` is the run's history and whose `usage` its usage.
-        """
-        ctx = self._ending_context(override, messages, usage, deps)
-        typed = _adapter(self.output_type).validate_python(output)
-        return jsonable(await run_after_run(self.agent, ctx, agent_run_result(typed, messages, usage)))
-
-    async def on_run_error(self, override: str | None, messages: list[ModelMessage], usage: RunUsage,
-                           error: BaseException, *, deps: Any = None) -> Any:
-        """The output (JSON) with which the capabilities' `on_run_error` hooks recover a failed run.
-
-        They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and the error
-        (`run_failure`). What they raise propagates; `error` itself when none of them recovers the run.
-        """
-        return jsonable(await run_on_run_error(self.agent, self._ending_context(override, messages, usage, deps),
-                                               error))
-
-    def _ending_context(self, override: str | None, messages: list[ModelMessage], usage: RunUsage,
-                        deps: Any) -> RunContext[Any]:
-        """The `RunContext` a run's end hooks get (`after_run`, `on_run_error`): deps, history, usage, model."""
-        return replace(self._run_context(deps=self.run_deps(deps)), model=self.resolve_model(override),
-                       messages=list(messages), usage=usage, prompt=_last_prompt(messages))
-
-    async def call_tool(self, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
-                        deps: Any = None, recorded_schema: str | None = None, usage: RunUsage | None = None) -> Any:
-        """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
-
-        `recorded_schema`: the MCP tool's `schema_digest` as the run recorded it, when it did. `usage`: the tool's
-        `ctx.usage`, which holds afterwards what the tool added (a sub-agent run with `usage=ctx.usage`), for the
-        run to count (`_tool_usage`); pydantic-ai's own count of this call is left out, the run counted it.
-
-        Raises:
-            KeyError: the agent has no tool called `tool_name`.
-            TypeError: an MCP tool's schemas are not the ones the run recorded (the call is not made).
-            ValueError: the arguments do not match the tool's schema (a pydantic `ValidationError`).
-
-        """
-        run_deps = self.run_deps(deps)
-        try:
-            tools = (await self.tools(self._run_context(deps=run_deps)) if deps is not None or self.builds_deps
-                     else await self.tools())
-        except Exception as e:
-            reconnect_lost(self.agent.toolsets, e, subject=f"the tools of agent {self.name!r}")
-            raise
-        if tool_name not in tools:
-            if mcp_toolsets(self.agent.toolsets):
-                raise KeyError(
-                    f"agent {self.name!r} has no tool {tool_name!r} now, though it had when the run started: the "
-                    f"tool list of its MCP servers changed since (its tools now: {sorted(tools)}). Runs started "
-                    "from now on see the new list; this run's programs were checked against the old one")
-            raise KeyError(f"agent {self.name!r} has no tool {tool_name!r}")
-        toolset, tool = tools[tool_name]
-        if recorded_schema is not None and schema_digest(tool.tool_def) != recorded_schema:
-            raise TypeError(
-                f"MCP tool {tool_name!r} of agent {self.name!r} changed since the run started: its server now "
-                "describes other arguments or another result than the stub this run's programs were checked "
-                "against, so the call was not made. Runs started from now on see the new schema; start a new run "
-                "to use it")
-        ctx = self._run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, max_retries=tool.max_retries,
-                                deps=run_deps)
-        if usage is not None:
-            ctx = replace(ctx, usage=usage)
-        instrumentation = instrumentation_of(self.agent)
-        try:
-            if self._hooked or instrumentation is not None:
-                ctx = instrumented_context(ctx, instrumentation)
-                result = jsonable(await call_through_hooks(self.agent, ctx, tool_name, args))
-                if usage is not None and usage.tool_calls:  # pydantic-ai's ToolManager counted this call itself
-                    usage.tool_calls -= 1
-                return result
-            validated = tool.args_validator.validate_python(args, context=ctx.validation_context)
-            return jsonable(await toolset.call_tool(tool_name, validated, ctx, tool))
-        except Exception as e:
-            reconnect_lost([tool.toolset], e, subject=f"{tool_name}() of agent {self.name!r}")
-            raise
-

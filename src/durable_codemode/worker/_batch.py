@@ -38,6 +38,7 @@ from ._agent import CodeModeAgent
 from ._context import ToolCallContext, bind_call
 from ._failures import message_of, tool_failure
 from ._heartbeat import heartbeating
+from ._tool_calls import call_tool
 
 __all__ = ["run_batch"]
 
@@ -59,7 +60,7 @@ async def _one_try(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, a
     ctx = ToolCallContext(workflow_id=activity.info().workflow_id or "", call_id=call.call_id, tool=input.tool,
                           attempt=attempt)
     with bind_call(ctx):
-        return await agent.call_tool(input.tool, call.args, call_id=call.call_id, attempt=attempt, deps=input.deps,
+        return await call_tool(agent, input.tool, call.args, call_id=call.call_id, attempt=attempt, deps=input.deps,
                                      recorded_schema=input.schema_digest, usage=usage)
 
 

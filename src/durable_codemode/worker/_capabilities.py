@@ -27,7 +27,7 @@ import functools
 import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic_ai import Agent, AgentRunResult, RunContext
@@ -52,13 +52,11 @@ from .._pydantic_ai import instrumentation_settings, override_root_capability, r
 __all__ = [
     "APPLIED_HOOKS",
     "REFUSED_HOOKS",
+    "CapabilityUse",
     "call_through_hooks",
     "extra_capabilities",
     "fallback_model_names",
-    "has_after_run_hooks",
     "has_model_request_hooks",
-    "has_prepare_tools_hooks",
-    "has_run_error_hooks",
     "instrumentation_of",
     "instrumented_context",
     "model_selector",
@@ -286,6 +284,31 @@ def fallback_model_names(agent: Agent[Any, Any]) -> list[str]:
             for model in capability.models if isinstance(model, str)]
 
 
+@dataclass(frozen=True)
+class CapabilityUse:
+    """Where `agent`'s own capabilities act in a durable run, read once when its `CodeModeAgent` is built."""
+
+    tool_hooks: bool
+    """Tool calls go through pydantic-ai's `ToolManager` (any capability of its own may have tool hooks)."""
+    model_request_hooks: bool
+    """Model requests tell the hooks the run's step and usage, and may retry or rewrite (`AgentSpec`)."""
+    model_selector: ModelSelector[Any] | None
+    """The per-step model selector (`SelectModel`), if any."""
+    after_run_hooks: bool
+    run_error_hooks: bool
+    prepares_tools: bool
+    """`prepare_tools` hooks: the run takes the tools they leave, at its start."""
+    wraps_toolsets: bool
+    """A capability wraps the agent's toolsets (the run's tools are read, and called, through the wrapper)."""
+
+    @classmethod
+    def of(cls, agent: Agent[Any, Any]) -> CapabilityUse:
+        return cls(tool_hooks=bool(extra_capabilities(agent)), model_request_hooks=has_model_request_hooks(agent),
+                   model_selector=model_selector(agent), after_run_hooks=_has_hook(agent, "after_run"),
+                   run_error_hooks=_has_hook(agent, "on_run_error"), prepares_tools=_has_hook(agent, "prepare_tools"),
+                   wraps_toolsets=wraps_toolsets(agent))
+
+
 def has_model_request_hooks(agent: Agent[Any, Any]) -> bool:
     """Whether a capability of `agent` acts around its model requests (so the model activity runs its hooks).
 
@@ -312,21 +335,6 @@ def model_selector(agent: Agent[Any, Any]) -> ModelSelector[Any] | None:
 def _has_hook(agent: Agent[Any, Any], hook: str) -> bool:
     """Whether one of `agent`'s own capabilities acts through `hook`."""
     return any(hook in _hooks_of(capability) for capability in extra_capabilities(agent))
-
-
-def has_prepare_tools_hooks(agent: Agent[Any, Any]) -> bool:
-    """Whether a capability of `agent` prepares its function tools (the run takes the prepared ones at its start)."""
-    return _has_hook(agent, "prepare_tools")
-
-
-def has_run_error_hooks(agent: Agent[Any, Any]) -> bool:
-    """Whether a capability of `agent` has an `on_run_error` hook (run failures go through the run-error activity)."""
-    return _has_hook(agent, "on_run_error")
-
-
-def has_after_run_hooks(agent: Agent[Any, Any]) -> bool:
-    """Whether a capability of `agent` has an `after_run` hook (its runs' outputs go through the after-run activity)."""
-    return _has_hook(agent, "after_run")
 
 
 class _Quiet(WrapperCapability[Any]):
