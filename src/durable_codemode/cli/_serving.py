@@ -1,0 +1,191 @@
+"""`codemode dev` and `codemode worker` (and `python worker.py`): serving the bundled agents."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic_ai.models import Model
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+from temporalio.service import RPCError
+
+from .._bundled import bundled_apps
+from .._outcome import EXIT_OK
+from .._signing import ApproverKeyring
+from ..client._connect import configured_address
+from ..client._devserver import start_dev_server
+from ..worker._agent import CodeModeAgent
+from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
+from ..worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
+from ._output import ADDRESS_ENV, say, server_address
+
+DEV_SERVER_DB = Path("~/.local/share/durable-codemode/dev-server.sqlite")
+"""Where `codemode dev`, `codemode worker` and `worker.py` keep an embedded server's runs (`~` expanded)."""
+
+
+def _bundled_agents() -> list[CodeModeAgent]:
+    # Imported here, not at module level: `codemode run` needs neither the apps nor their stores (creating
+    # an app's agent seeds its database), and the library stays importable without the bundled apps.
+    with bundled_apps("serving the bundled agents"):
+        from ..apps import workflows
+
+    return workflows.agents()
+
+
+def model_label(agent: CodeModeAgent) -> str:
+    with bundled_apps("the bundled agents' model"):
+        from ..apps.workflows import cart
+
+    model = agent.agent.model
+    name = model.model_name if isinstance(model, Model) else str(model)
+    if name == cart.SCRIPTED_MODEL_NAME:
+        return (f"{name} (a scripted model playing the model's part, offline; set {cart.MODEL_ENV} and "
+                "OPENAI_API_KEY or ANTHROPIC_API_KEY to use a real one)")
+    return name
+
+
+@dataclass(frozen=True)
+class ApproverSettings:
+    """The approvers a bundled worker knows: their public key files and the group directory (flags or env)."""
+
+    key_files: tuple[str, ...] = ()
+    """`--approver-keys` (repeatable), else `CODEMODE_APPROVER_KEYS` (paths separated by `os.pathsep`)."""
+    directory: str | None = None
+    """`--approver-directory`, else `CODEMODE_APPROVER_DIRECTORY`."""
+
+    @classmethod
+    def of(cls, key_files: Sequence[str] | None = None, directory: str | None = None) -> ApproverSettings:
+        """The settings from the flags given, the environment for those not given."""
+        env_keys = [p for p in os.environ.get(APPROVER_KEYS_ENV, "").split(os.pathsep) if p]
+        return cls(key_files=tuple(key_files or env_keys),
+                   directory=directory or os.environ.get(APPROVER_DIRECTORY_ENV) or None)
+
+    def keyring(self) -> ApproverKeyring:
+        """The keys of every file (`CodeModeUserError`, naming the file, if one cannot be read)."""
+        return ApproverKeyring.of_files(self.key_files)
+
+
+async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str, *, local: bool,
+                 approvers: ApproverSettings | None = None) -> None:
+    """Serve `agents` until Ctrl-C or SIGTERM, then shut the worker down gracefully.
+
+    `local`: the server is the embedded dev server, so approvals need no signature (local development) unless
+    `approvers` gives keys: then decisions must be signed by one of them, as on any other server.
+
+    A graceful shutdown releases the worker's sticky queue at once; a killed worker leaves its runs stalled
+    for the sticky timeout. The handlers stay installed until the event loop closes, so a second signal
+    (a terminal sends Ctrl-C to the whole process group; `timeout` signals the child and the group) cannot
+    interrupt the shutdown or the embedded server's stop halfway.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    names = ", ".join(a.name for a in agents)
+    approvers = approvers or ApproverSettings()
+    keyring = approvers.keyring()
+    unsigned = local and not keyring
+    async with create_worker(client, agents, task_queue=task_queue, unsigned_approvals=unsigned,
+                             approver_keys=keyring, approver_directory=approvers.directory):
+        say(f"worker: serving {names} on task queue {task_queue!r}; Ctrl-C stops it")
+        if keyring:
+            group = f", groups from {approvers.directory}" if approvers.directory else ""
+            say(f"approvals: signed decisions only, by {', '.join(keyring.approvers())} ({len(keyring.key_ids())} "
+                 f"keys from {', '.join(approvers.key_files)}{group})")
+        elif unsigned:
+            say(f"approvals: unsigned decisions accepted (local dev server); --approver-keys FILE (or "
+                 f"{APPROVER_KEYS_ENV}) requires signed ones")
+        await stop.wait()
+        say("worker: stopping")
+    say("worker: stopped")
+
+
+def _how_to_run(address: str, task_queue: str) -> None:
+    queue = "" if task_queue == DEFAULT_TASK_QUEUE else f" --task-queue {task_queue}"
+    say("start a run from another terminal:\n"
+         f'  {ADDRESS_ENV}={address} codemode run cart "Remove everything in my cart that costs more than '
+         f'$50 a piece."{queue}')
+
+
+@asynccontextmanager
+async def _embedded_server(
+    db_file: Path, *, port: int | None = None, ui: bool = False
+) -> AsyncIterator[Client]:
+    db_file = db_file.expanduser()
+    db_file.parent.mkdir(parents=True, exist_ok=True)
+    async with await start_dev_server(db_file=db_file, port=port, ui=ui) as env:
+        yield env.client
+
+
+async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE,
+                               approvers: ApproverSettings | None = None) -> int:
+    """Serve the bundled agents until Ctrl-C: on the configured server if any, else on an embedded dev server.
+
+    The configured server is `TEMPORAL_ADDRESS`, or the address of the Temporal client profile (`_connect`).
+    `approvers`: the approvers' keys and directory; default: `CODEMODE_APPROVER_KEYS` and
+    `CODEMODE_APPROVER_DIRECTORY` (`ApproverSettings.of()`). With keys, decisions must be signed by one of them;
+    without, only an embedded server accepts unsigned ones (a configured server refuses runs that need approval).
+
+    The one implementation behind `python worker.py` and `codemode worker`. The embedded server persists to
+    `DEV_SERVER_DB`, so runs started against it survive a restart of the worker.
+
+    Raises:
+        CodeModeUserError: the configured server is unreachable, or an agent is misconfigured.
+
+    """
+    approvers = approvers or ApproverSettings.of()
+    approvers.keyring()  # a bad key file is an error before anything starts
+    agents = _bundled_agents()
+    if configured_address():
+        client = await connect()
+        say(f"connected to {server_address(client)} ({ADDRESS_ENV} or the Temporal profile)")
+        await _serve(client, agents, task_queue, local=False, approvers=approvers)
+        return EXIT_OK
+    async with _embedded_server(DEV_SERVER_DB) as client:
+        address = server_address(client)
+        say(f"embedded Temporal dev server at {address} ({ADDRESS_ENV} and the Temporal profile name no "
+             f"server), runs kept in {DEV_SERVER_DB.expanduser()}")
+        _how_to_run(address, task_queue)
+        await _serve(client, agents, task_queue, local=True, approvers=approvers)
+    return EXIT_OK
+
+
+async def dev_command(args: argparse.Namespace) -> int:
+    db = Path(args.db) if args.db else DEV_SERVER_DB
+    approvers = ApproverSettings.of(args.approver_keys, args.approver_directory)
+    approvers.keyring()  # a bad key file is an error before the server starts
+    agents = _bundled_agents()
+    async with _embedded_server(db, port=args.port, ui=args.ui) as client:
+        address = server_address(client)
+        say(f"Temporal dev server at {address}, runs kept in {db.expanduser()}")
+        if args.ui:
+            say(f"web UI at http://127.0.0.1:{args.port + 1000}")
+        _how_to_run(address, DEFAULT_TASK_QUEUE)
+        await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True, approvers=approvers)
+    return EXIT_OK
+
+
+async def worker_command(args: argparse.Namespace) -> int:
+    return await serve_bundled_agents(task_queue=args.task_queue, approvers=ApproverSettings.of(
+        args.approver_keys, args.approver_directory))
+
+
+async def no_worker_polls(client: Client, task_queue: str) -> bool:
+    """Whether no worker has polled `task_queue` lately (best effort: `False` when the server cannot say)."""
+    try:
+        response = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        ))
+    except RPCError:
+        return False
+    return not response.pollers
