@@ -27,6 +27,7 @@ from pydantic_ai.models import Model
 from durable_codemode import CatalogSettings, CodeModeAgent, create_worker, start_dev_server, start_run
 from durable_codemode._stubs import estimate_tokens
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, scripted_model
+from durable_codemode.worker._describe import describe_run
 
 DOMAINS = [
     ("account", "accounts"), ("invoice", "invoices"), ("order", "orders"), ("product", "products"),
@@ -243,7 +244,7 @@ async def _run_task(client: Any, view: str, n_tools: int) -> dict[str, Any]:
     index = settings.mode != "stubs"
     agent = catalog_agent(scripted_model(*task_steps(index=index)), name=f"catalog-{list(VIEWS).index(view)}",
                           n_tools=n_tools, catalog=settings)
-    spec = await agent.describe()
+    spec = await describe_run(agent)
     description = spec.model_tools[0].description or ""
     tq = new_task_queue("bench-catalog")
     started = time.monotonic()

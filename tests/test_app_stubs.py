@@ -13,12 +13,13 @@ from durable_codemode.apps.workflows.chat import CHAT_TASK
 from durable_codemode.apps.workflows.inventory import INVENTORY_TASK
 from durable_codemode.apps.workflows.kanban import KANBAN_TASK
 from durable_codemode.apps.workflows.tasks import Task
+from durable_codemode.worker._describe import describe_run
 
 
 @pytest.mark.parametrize("task", [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK],
                          ids=lambda t: t.name)
 async def test_every_result_field_is_documented_in_the_stubs(task: Task, tmp_path: Path) -> None:
-    spec = await task.setup(tmp_path, 5).agent("on").describe()
+    spec = await describe_run(task.setup(tmp_path, 5).agent("on"))
     lines = spec.stubs.splitlines()
     fields = [i for i, line in enumerate(lines) if re.match(r"^    \w+: ", line)]
     assert fields, spec.stubs

@@ -26,6 +26,7 @@ from durable_codemode import CodeModeAgent, CodeModeUserError, SnippetLimits, To
 from durable_codemode._names import BATCH_ACTIVITY
 from durable_codemode.debugging import render_trace, trace_run
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._describe import describe_run
 
 from . import _batch_worker
 from ._agents import Effects, items_agent
@@ -267,7 +268,7 @@ async def test_batch_is_recorded_from_options_or_metadata_and_refused_with_a_too
         """Not batched."""
         return key
 
-    spec = await CodeModeAgent(agent).describe()
+    spec = await describe_run(CodeModeAgent(agent))
     assert {t.name: t.batch for t in spec.tools} == {"lookup": True, "plain": False}
 
     gated = Agent("test", name="batch-gated")
@@ -279,7 +280,7 @@ async def test_batch_is_recorded_from_options_or_metadata_and_refused_with_a_too
 
     with pytest.raises(CodeModeUserError, match=r"tool 'pay' of agent 'batch-gated' has ToolOptions\(batch=True\) "
                        "but needs approval"):
-        await CodeModeAgent(gated, tool_options={"pay": ToolOptions(batch=True)}).describe()
+        await describe_run(CodeModeAgent(gated, tool_options={"pay": ToolOptions(batch=True)}))
 
 
 async def test_a_result_that_does_not_fit_the_batch_runs_again_on_its_own(client: Client) -> None:

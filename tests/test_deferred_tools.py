@@ -23,6 +23,7 @@ from temporalio.client import Client
 from durable_codemode import CatalogSettings, CodeModeAgent, CodeModeUserError, start_run
 from durable_codemode._types import AgentSpec
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._describe import describe_run
 
 
 def get_forecast(city: str, days: int = 3) -> list[str]:
@@ -45,7 +46,7 @@ def _description(spec: AgentSpec) -> str:
 
 
 async def test_a_deferred_tool_is_left_out_of_the_description_and_the_type_checker_knows_it() -> None:
-    spec = await CodeModeAgent(weather_agent("x")).describe()
+    spec = await describe_run(CodeModeAgent(weather_agent("x")))
     described = _description(spec)
     assert "async def get_time(*, city: str) -> str:" in described
     assert "get_forecast" not in described and "weather forecast" not in described
@@ -83,7 +84,7 @@ async def test_a_program_finds_a_deferred_tool_and_calls_it(client: Client) -> N
 
 async def test_only_deferred_tools_gives_no_empty_stub_block() -> None:
     agent = Agent(scripted_model("x"), name="deferred-all", tools=[Tool(get_forecast, defer_loading=True)])
-    described = _description(await CodeModeAgent(agent).describe())
+    described = _description(await describe_run(CodeModeAgent(agent)))
     assert "```python" not in described and "1 tool is not listed here" in described
 
 
@@ -94,7 +95,7 @@ async def test_prepare_tools_see_a_deferred_tool_and_shape_it_as_in_agent_run() 
         seen.append([d.name for d in defs])
         return [replace(d, description="Tomorrow's weather.") if d.name == "get_forecast" else d for d in defs]
 
-    spec = await CodeModeAgent(weather_agent("x", capabilities=[PrepareTools(shape)])).describe()
+    spec = await describe_run(CodeModeAgent(weather_agent("x", capabilities=[PrepareTools(shape)])))
     assert [t.name for t in spec.tools] == ["get_forecast", "get_time"]
     assert seen == [["get_forecast", "get_time"]]  # as in agent.run(): ToolSearch hides it only after them
     assert spec.catalog is not None and spec.catalog.entries[0].summary == "Tomorrow's weather."
@@ -103,7 +104,7 @@ async def test_prepare_tools_see_a_deferred_tool_and_shape_it_as_in_agent_run() 
     async def drop(ctx: RunContext[None], defs: list[ToolDefinition]) -> list[ToolDefinition]:
         return [d for d in defs if d.name != "get_forecast"]
 
-    spec = await CodeModeAgent(weather_agent("x", capabilities=[PrepareTools(drop)])).describe()
+    spec = await describe_run(CodeModeAgent(weather_agent("x", capabilities=[PrepareTools(drop)])))
     assert [t.name for t in spec.tools] == ["get_time"] and spec.catalog is None
 
 
@@ -111,7 +112,7 @@ async def test_catalog_mode_stubs_and_a_deferred_tool_are_refused_together() -> 
     agent = CodeModeAgent(weather_agent("x"), catalog=CatalogSettings(mode="stubs"))
     with pytest.raises(CodeModeUserError, match=r"tools with defer_loading=True \('get_forecast'\), but its "
                                                 r"CatalogSettings\(mode='stubs'\) shows every tool's stub"):
-        await agent.describe()
+        await describe_run(agent)
 
 
 async def test_a_deferred_tool_offered_to_the_model_directly_is_refused() -> None:
@@ -119,7 +120,7 @@ async def test_a_deferred_tool_offered_to_the_model_directly_is_refused() -> Non
                   tools=[Tool(get_forecast, defer_loading=True, metadata={"codemode": {"in_sandbox": False}})])
     with pytest.raises(CodeModeUserError, match=r"tool 'get_forecast' of agent 'deferred-direct' has "
                                                 r"defer_loading=True but is offered to the model directly"):
-        await CodeModeAgent(agent).describe()
+        await describe_run(CodeModeAgent(agent))
 
 
 def test_a_configured_tool_search_and_a_capability_loaded_on_demand_are_refused() -> None:

@@ -20,6 +20,7 @@ from durable_codemode._compute_wire import decode_answer, encode_answer
 from durable_codemode._stubs import estimate_tokens, run_code_tool_definition
 from durable_codemode._types import AgentSpec
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.worker._describe import describe_run
 
 from ._agents import items_agent
 from ._runs import run_to_end
@@ -55,8 +56,8 @@ async def _catalog_run(client: Client, *steps: Any, n_tools: int = 300,
 
 
 async def test_a_large_catalog_sends_an_index_and_keeps_every_stub_for_the_type_checker() -> None:
-    every = await catalog_agent(scripted_model("x"), catalog=CatalogSettings(mode="stubs")).describe()
-    spec = await catalog_agent(scripted_model("x")).describe()
+    every = await describe_run(catalog_agent(scripted_model("x"), catalog=CatalogSettings(mode="stubs")))
+    spec = await describe_run(catalog_agent(scripted_model("x")))
     described, full = _description(spec), _description(every)
     assert spec.catalog is not None and len(spec.catalog.entries) == 300 and every.catalog is None
     assert spec.stubs == every.stubs and spec.stubs.count("async def ") == 300  # the checker knows every tool
@@ -71,7 +72,7 @@ async def test_a_large_catalog_sends_an_index_and_keeps_every_stub_for_the_type_
 
 
 async def test_a_catalog_whose_index_fits_the_budget_lists_each_tool_with_its_summary() -> None:
-    spec = await catalog_agent(scripted_model("x"), n_tools=50).describe()  # over 40 tools
+    spec = await describe_run(catalog_agent(scripted_model("x"), n_tools=50))  # over 40 tools
     described = _description(spec)
     assert spec.catalog is not None
     assert "- create_invoice: Create an invoice and return it with its new id." in described
@@ -81,7 +82,7 @@ async def test_a_catalog_whose_index_fits_the_budget_lists_each_tool_with_its_su
 
 async def test_small_agents_keep_every_stub_in_the_description() -> None:
     agent = items_agent(_name(), "done")
-    spec = await agent.describe()
+    spec = await describe_run(agent)
     assert spec.catalog is None
     assert spec.model_tools[0] == run_code_tool_definition(spec.stubs, agent.limits)
     assert "```python" in _description(spec) and "search_tools" not in _description(spec)
@@ -99,7 +100,7 @@ async def test_small_agents_keep_every_stub_in_the_description() -> None:
     (3, CatalogSettings(mode="index"), True),
 ])
 async def test_the_budget_is_configurable(n_tools: int, settings: CatalogSettings | None, indexed: bool) -> None:
-    spec = await catalog_agent(scripted_model("x"), n_tools=n_tools, catalog=settings).describe()
+    spec = await describe_run(catalog_agent(scripted_model("x"), n_tools=n_tools, catalog=settings))
     assert (spec.catalog is not None) == indexed
     assert ("```python" not in _description(spec)) == indexed
 
@@ -127,7 +128,7 @@ async def test_a_tool_named_like_a_catalog_function_is_refused(taken: str) -> No
 
 
 async def test_search_ranks_by_name_then_summary_then_stub_with_ties_by_name() -> None:
-    spec = await catalog_agent(scripted_model("x")).describe()
+    spec = await describe_run(catalog_agent(scripted_model("x")))
     assert spec.catalog is not None
     index = CatalogIndex(spec.catalog)
     assert [h["name"] for h in index.search("archive contracts", 3)] == [

@@ -35,6 +35,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.worker._describe import describe_run
 
 from ._mcp_server import PNG
 
@@ -118,7 +119,7 @@ async def test_text_and_image_content_reach_the_program_as_documented(client: Cl
     agent = mcp_agent("mcp-content", stdio_toolset(), RunCode(code), _answer)
     tq = new_task_queue()
     async with running_worker(client, [agent], task_queue=tq):
-        spec_stubs = (await agent.describe()).stubs
+        spec_stubs = (await describe_run(agent)).stubs
         handle = await start_run(client, "mcp-content", "go", task_queue=tq)
         result = await handle.result()
     assert "async def photo(*, sku: str) -> Any:" in spec_stubs and "async def label(*, sku: str) -> Any:" in spec_stubs

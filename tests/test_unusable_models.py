@@ -25,6 +25,7 @@ from durable_codemode import CodeModeAgent, CodeModeUserError, InvalidRunInputEr
 from durable_codemode._types import Continuation, RunInput
 from durable_codemode.client._visibility import start_options
 from durable_codemode.testing import new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._describe import describe_run
 from durable_codemode.workflow._run import CodeModeRunWorkflow
 
 from .test_bad_input import never_started
@@ -119,7 +120,7 @@ async def test_a_key_gone_by_the_model_request_fails_that_request_once(
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     name = f"gonekey{os.urandom(3).hex()}"
     agent = answering_agent(name)
-    continued = Continuation(spec=await agent.describe(), usage=RunUsage(), turns=[], runs=1)
+    continued = Continuation(spec=await describe_run(agent), usage=RunUsage(), turns=[], runs=1)
     tq = new_task_queue()
     async with running_worker(client, [agent], task_queue=tq):
         handle = await client.start_workflow(

@@ -56,6 +56,7 @@ from .client._operations import start_run
 from .history._capture import failure_message
 from .testing import fetch_chain_histories
 from .worker._agent import CodeModeAgent
+from .worker._describe import describe_run
 from .worker._worker import create_worker, workflow_runner
 from .workflow._run import CodeModeRunWorkflow
 
@@ -408,7 +409,7 @@ def _estimate_tokens(text: str) -> int:
 
 async def _definition_tokens(agent: CodeModeAgent) -> int:
     """The estimated tokens of what each request carries besides the messages: instructions and tool definitions."""
-    spec = await agent.describe()
+    spec = await describe_run(agent)
     tools = sum(_estimate_tokens(f"{t.name} {t.description or ''} {json.dumps(t.parameters_json_schema)}")
                 for t in spec.model_tools)
     return _estimate_tokens(spec.instructions or "") + tools

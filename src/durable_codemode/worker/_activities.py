@@ -63,6 +63,7 @@ from ._approvers import ApprovalAuthority
 from ._batch import run_batch
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
+from ._describe import describe_run
 from ._failures import TRANSIENT, message_of, tool_failure
 from ._heartbeat import heartbeating
 from ._model_requests import request_model
@@ -151,8 +152,8 @@ class CodeModeActivities:
         retried (`GuardrailError`).
         """
         try:
-            spec = await self.agent(name).describe(deps, deps_type=deps_type, model=model, authority=self._authority,
-                                                   instructions=instructions, prompt=prompt)
+            spec = await describe_run(self.agent(name), deps, deps_type=deps_type, model=model,
+                                      authority=self._authority, instructions=instructions, prompt=prompt)
         except (CodeModeUserError, GuardrailError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         if spec.limits.max_tool_args_bytes is None and not self._payload_store:

@@ -37,8 +37,6 @@ from .._pydantic_ai import (
     output_types,
     resolves_per_run,
 )
-from .._types import AgentSpec
-from ._approvers import ApprovalAuthority
 from ._capabilities import (
     CapabilityUse,
     fallback_model_names,
@@ -49,7 +47,6 @@ from ._capabilities import (
     unsupported_model_wrappers,
     unsupported_tool_search,
 )
-from ._describe import describe_run
 from ._mcp import as_received, mcp_toolsets
 
 __all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
@@ -468,24 +465,7 @@ class CodeModeAgent:
             return bool(self._selector(tool))
         return tool.name in self._selector
 
-    # -- what a run records, and the models it uses ---------------------------------------------------------
-
-    async def describe(self, raw_deps: Any = None, *, deps_type: str | None = None,
-                       model: str | None = None, authority: ApprovalAuthority | None = None,
-                       instructions: str | None = None, prompt: str | None = None) -> AgentSpec:
-        """The spec a run of this agent records at its start (the describe activity; see `_describe.describe_run`).
-
-        Instructions, system prompts, the tool definitions the model is offered, each tool's options and
-        approvers, the output spec, the limits and the environment the sandbox may read, with the run's deps.
-        Its `before_run` hooks run first, with the run's prompt.
-
-        Raises:
-            GuardrailError: a `before_run` hook raised (its exception is the cause).
-            CodeModeUserError: the run's model cannot work here, or a tool's options contradict each other.
-
-        """
-        return await describe_run(self, raw_deps, deps_type=deps_type, model=model, authority=authority,
-                                  instructions=instructions, prompt=prompt)
+    # -- the models runs use -------------------------------------------------------------------------------
 
     def check_model(self) -> None:
         """Build the agent's model if it is a string, so one that cannot work stops the worker from starting.

@@ -61,7 +61,7 @@ Tools = dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]
 async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_type: str | None = None,
                        model: str | None = None, authority: ApprovalAuthority | None = None,
                        instructions: str | None = None, prompt: str | None = None) -> AgentSpec:
-    """The spec a run of `durable` records at its start (`CodeModeAgent.describe`, the describe activity).
+    """The spec a run of `durable` records at its start (the describe activity; tests read it to see a run's spec).
 
     Dynamic instructions and tools' `prepare` functions see the run's deps. The run's model (`model`, else the
     agent's) is built first, so one that cannot work fails the run before any model request. With the worker's
