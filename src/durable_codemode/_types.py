@@ -28,6 +28,7 @@ from ._files import CarriedFiles, FilesSpec
 __all__ = [
     "FILE_LISTING_LIMIT",
     "NAMED_RECORDS",
+    "AfterRunInput",
     "AgentSpec",
     "BatchInput",
     "BatchOutcome",

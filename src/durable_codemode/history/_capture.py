@@ -155,9 +155,6 @@ class ReplayCapture:
         return next((c for c in self.commands if c.effective_id == activity_id
                      and c.kind in ("activity", "local_activity")), None)
 
-    def snippet_for_call(self, call_id: str) -> ReplayedSnippet | None:
-        parent = call_id.rsplit(".", 1)[0]
-        return next((s for s in reversed(self.snippets) if s.call_id == parent), None)
 
 
 class _Outbound(WorkflowOutboundInterceptor):

@@ -1,7 +1,7 @@
 """A run's history read as a trace: model turns, snippets, nested calls and approvals (fetching is `_fetch`).
 
 Everything a trace shows is in the history because every model request, tool call and clock read crosses the
-workflow boundary through Temporal (DESIGN.md): the model turns are the `model_request` activities (their
+workflow boundary through Temporal: the model turns are the `model_request` activities (their
 inputs hold the conversation, their results the responses with the `run_code` code), a nested call is an
 activity whose id is `<call id>-<digest>` and whose input is `ToolCallInput`, decisions are updates and signals,
 and the spec recorded by the `describe_agent` marker gives the limits. Three things are not in the history:

@@ -202,6 +202,8 @@ class CodeModeRunWorkflow:
         self._output_tool_name: str | None = None
         self._children = ChildRuns()
         self._started_by: str | None = None
+        self._batcher: ToolBatcher | None = None
+        """Batches of calls to `ToolOptions(batch=True)` tools, made when the run knows its agent (`run`)."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -741,6 +743,7 @@ class CodeModeRunWorkflow:
                 settled = {"return_value": child.output}
             return settled, self._record(call_id, tool, args_text, settled, status, started)
         if spec.batch and spec.in_sandbox and approval is None:
+            assert self._batcher is not None, "a run batches calls only once it knows its agent"
             answer = await self._batcher.submit(spec, call_id, args)
             if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
                 if isinstance(answer, ActivityError):

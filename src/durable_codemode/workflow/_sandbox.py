@@ -312,11 +312,6 @@ class Repl:
         """The session this REPL holds right now, if any."""
         return self._session
 
-    @property
-    def held(self) -> bool:
-        """Whether this REPL holds a sandbox process right now."""
-        return self._session is not None
-
     def park(self, snapshot: FutureSnapshot | FunctionSnapshot) -> bytes:
         """Dump a suspended program and give its sandbox process back to the pool while it waits."""
         state = snapshot.dump()
@@ -549,9 +544,9 @@ class _SnippetDriver:
         self._computed_seconds = 0.0
         self._base: _Base | None = None
         self._start_state: bytes | None = None
+        """The REPL before this snippet: what it goes back to if the program is lost."""
         self._rejected_on_replay: bool | None = None
         """On replay: whether the type checker rejected this snippet live (`None`: check it; see `_feed`)."""
-        """The REPL before this snippet: what it goes back to if the program is lost."""
         self.lost_note: str | None = None
         """Why the REPL was restarted at the snippet's start, if it was (for the model)."""
 
@@ -594,9 +589,9 @@ class _SnippetDriver:
             ended.outcome.calls = self._calls
             return self._with_compute(ended.outcome)
         except MontySyntaxError as e:
-            return self._rejected("SyntaxError", e.display("type-msg"), e)
+            return self._rejected("SyntaxError", e.display("type-msg"))
         except MontyTypingError as e:
-            return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names), e)
+            return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names))
         except MontyRuntimeError as e:
             if is_time_limit(e) and not self._escalating:
                 return SnippetOutcome(
@@ -922,7 +917,7 @@ class _SnippetDriver:
                     "first, or gather fewer at a time"}, 0
         return None, size
 
-    def _rejected(self, what: str, message: str, error: MontyError) -> SnippetOutcome:
+    def _rejected(self, what: str, message: str) -> SnippetOutcome:
         return SnippetOutcome(
             kind="rejected",
             content=f"The code was not run: {what}.\n{message.strip()}\nFix the code and call run_code again.",
