@@ -58,7 +58,7 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import live_sessions, running_pools, shutdown_pool
+from durable_codemode._pool import POOL, shutdown_pool
 from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
 from durable_codemode.worker._worker import workflow_runner
 
@@ -266,7 +266,7 @@ class SessionSampler:
 
     async def _sample(self) -> None:
         while True:
-            self.peak[self.phase] = max(self.peak.get(self.phase, 0), live_sessions())
+            self.peak[self.phase] = max(self.peak.get(self.phase, 0), POOL.live_sessions())
             await asyncio.sleep(self.interval)
 
     def start(self) -> None:
@@ -406,11 +406,11 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
         monty = child_processes(b"monty")
         monty_rss = sum(rss_mb(p) for p in monty)
         monty_pss = sum(pss_mb(p) for p in monty)
-        held = live_sessions()
+        held = POOL.live_sessions()
         dev_server_rss = sum(rss_mb(p) for p in child_processes(b"temporal"))
         t_idle = time.perf_counter()
         deadline = t_idle + 3 * (pool.idle_shutdown_seconds or 0) + 30
-        while (running_pools() or child_processes(b"monty")) and time.perf_counter() < deadline:
+        while (POOL.running_pools() or child_processes(b"monty")) and time.perf_counter() < deadline:
             await asyncio.sleep(0.1)  # the paused runs use no sandbox: the pool's idle shutdown stops it
         idle_s = time.perf_counter() - t_idle
         monty_idle = child_processes(b"monty")

@@ -6,10 +6,11 @@ stubs prelude, the bench agent's tool stub, type checking on) and times, per pro
 - **first check, cold**: `feed_start` of the program in a fresh session, to its first tool call: almost all of
   it is the type checker loading the builtins' stubs, which every fresh session pays once;
 - **warm-up**: `_pool.WARM_UP_PROGRAM` fed to a fresh session (the checker rejects it, nothing runs), which the
-  pool does off the workflow thread while the run's model request is in flight (`_pool.prewarm_session`);
+  pool does off the workflow thread while the run's model request is in flight
+  (`_pool.SandboxPool.prewarm_session`);
 - **first check, warmed**: the same program's `feed_start` after the warm-up;
 - **end, checked / loaded**: `__exit__` of a session that type-checked, and of one that only loaded a dump (a
-  program resumed after a wait). A run gives sessions back off the workflow thread (`_pool.give_back`).
+  program resumed after a wait). A run gives sessions back off the workflow thread (`_pool.SandboxPool.session`).
 
 The ratio column is warmed / cold: what of the first check's cost a warmed session leaves on the workflow thread.
 """

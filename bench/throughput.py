@@ -37,7 +37,7 @@ from bench.approvals_bench import WarningCounter, quiet_sdk_core, rss_mb, start_
 from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
 from bench.run_bench import Kind, fmt_s, machine, make_agent, run_and_exit
 from durable_codemode import PoolSettings, create_worker, start_run
-from durable_codemode._pool import live_sessions, shutdown_pool
+from durable_codemode._pool import POOL, shutdown_pool
 from durable_codemode.testing import child_processes, replay
 from durable_codemode.worker._worker import workflow_runner
 
@@ -102,7 +102,7 @@ class Sampler:
             self.rss = max(self.rss, rss_mb())
             self.monty_rss = max(self.monty_rss, sum(rss_mb(p) for p in monty))
             self.monty = max(self.monty, len(monty))
-            self.sessions = max(self.sessions, live_sessions())
+            self.sessions = max(self.sessions, POOL.live_sessions())
             await asyncio.sleep(self.interval)
 
     async def __aenter__(self) -> Sampler:

@@ -22,7 +22,7 @@ from durable_codemode import (
     pending_approvals,
     start_run,
 )
-from durable_codemode._pool import live_sessions
+from durable_codemode._pool import POOL
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 
 
@@ -66,7 +66,7 @@ async def test_pause_query_approve_continue(client: Client) -> None:
                                                                                {"order": "A1", "cents": 1234}, 3)
         assert "await refund(" in pending.code
         assert refunds == []  # the call waits: nothing ran
-        assert live_sessions() == 0  # the paused program holds no sandbox process
+        assert POOL.live_sessions() == 0  # the paused program holds no sandbox process
         # The Temporal UI shows the run's current details: what it waits for.
         metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
         assert metadata.current_details.splitlines() == [
@@ -201,7 +201,7 @@ async def test_worker_restarted_while_paused_then_approved(client: Client) -> No
     async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, "refunds7", "go", task_queue=tq)
         await wait_pending(handle)
-    assert live_sessions() == 0
+    assert POOL.live_sessions() == 0
     async with running_worker(client, [agent], task_queue=tq, unsigned_approvals=True):
         # The new worker rebuilds the paused program by replay, and the decision continues it from the call.
         await decide(client, handle.id, "call_0.1", approved=True)
@@ -221,7 +221,7 @@ async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> 
         handles = [await start_run(client, "refunds8", "go", task_queue=tq) for _ in range(100)]
         for handle in handles:
             await wait_pending(handle)
-        assert live_sessions() == 0  # every paused program was dumped and its process given back
+        assert POOL.live_sessions() == 0  # every paused program was dumped and its process given back
         for handle in handles:
             await decide(client, handle.id, "call_0.0", approved=True)
         results = await asyncio.gather(*(h.result() for h in handles))

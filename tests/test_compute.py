@@ -27,7 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from durable_codemode import CodeModeRunWorkflow, LocalPayloadStore, RunResult, SnippetLimits, connect, start_run
-from durable_codemode._pool import live_sessions
+from durable_codemode._pool import POOL
 from durable_codemode.debugging import register_agents
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
 from durable_codemode.worker._worker import workflow_runner
@@ -116,7 +116,7 @@ async def run(client: Client, *steps: Any, limits: SnippetLimits = TIGHT, effect
     async with running_worker(client, [agent], task_queue=tq):
         handle = await start_run(client, name, "go", task_queue=tq)
         result = await handle.result()
-    assert live_sessions() == 0
+    assert POOL.live_sessions() == 0
     await replays_whatever_the_speed(client, handle)
     history = await handle.fetch_history()
     assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]

@@ -783,7 +783,7 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
         # In a user's process the first worker starts the Monty pool with the PoolSettings it is given; here earlier
         # tests started it (at the machine's default size, 4 per CPU: 4 on one core), and a running pool keeps its
         # size. Stop it so the page's settings apply as they would for the user.
-        assert _pool.live_sessions() == 0
+        assert _pool.POOL.live_sessions() == 0
         _pool.shutdown_pool()
     try:
         for block in blocks_of(page):

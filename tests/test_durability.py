@@ -8,7 +8,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from durable_codemode import start_run
-from durable_codemode._pool import live_sessions
+from durable_codemode._pool import POOL
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
 
 from ._agents import Effects, items_agent
@@ -41,11 +41,11 @@ after = await store(key='b', value=await get(i=2))
         await _wait_for_event(client, handle.id, EventType.EVENT_TYPE_TIMER_STARTED)
     # The first worker is gone mid-snippet (its REPL released); a fresh worker has no cached state and must
     # rebuild the REPL by replaying the snippet from history.
-    assert live_sessions() == 0
+    assert POOL.live_sessions() == 0
     async with running_worker(client, [agent], task_queue=tq):
         result = await handle.result()
     assert eval(result.output) == [{"a": 10}, {"a": 10, "b": 20}]
     assert effects.calls == [("get", 1), ("store", ("a", 10)), ("get", 2), ("store", ("b", 20))]
     assert effects.duplicates == 0
-    assert live_sessions() == 0
+    assert POOL.live_sessions() == 0
     await replay(handle)

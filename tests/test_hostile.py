@@ -10,6 +10,7 @@ the two in step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from collections.abc import AsyncIterator
@@ -237,21 +238,20 @@ async def task_failures(handle: WorkflowHandle[Any, Any]) -> list[str]:
 @pytest.fixture
 async def roomy_pool() -> AsyncIterator[int]:
     """A pool with room for the corpus's concurrent snippets, so no run waits for a sandbox process."""
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.live_sessions() == 0
     _pool.shutdown_pool()
     settings = PoolSettings(max_processes=6)
-    _pool.configure_pool(settings)
+    _pool.POOL.configure(settings)
     # Started now, not by the runs: a process spawned inside a workflow task on this shared machine can take
     # long enough to trip Temporal's 2 s deadlock detector.
     # The same goes for each process's first type check (it loads the checker).
-    sessions = [_pool.get_pool().checkout(type_check=True) for _ in range(settings.max_processes)]
-    for session in sessions:
-        session.__enter__().feed_start("x: int = 1\nx + 1")
-    for session in sessions:
-        session.__exit__(None, None, None)
+    with contextlib.ExitStack() as sessions:  # all at once, so each is a process of its own
+        for _ in range(settings.max_processes):
+            sessions.enter_context(_pool.POOL.session({"type_check": True})).feed_start("x: int = 1\nx + 1")
+    assert _pool.POOL.wait_given_back()
     yield settings.max_processes
     _pool.shutdown_pool()
-    _pool.configure_pool(PoolSettings())
+    _pool.POOL.configure(PoolSettings())
 
 
 async def deny_first(client: Client, handle: WorkflowHandle[Any, Any]) -> None:
@@ -308,7 +308,7 @@ async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pyte
         assert not await task_failures(handle)
         await replay(handle)
     assert not problems, "\n".join(problems)
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.live_sessions() == 0
 
 
 def test_reliability_page_lists_the_corpus() -> None:

@@ -123,7 +123,7 @@ async def test_workers_run_few_workflow_tasks_at_once(env: WorkflowEnvironment, 
     """
     agents = [ledger_agent(Ledger(tmp_path / "ledger.sqlite"))]
     worker = create_worker(env.client, agents, task_queue=new_task_queue())
-    pool = _pool.configure_pool(PoolSettings()).max_processes  # what create_worker just used: the running pool
+    pool = _pool.POOL.configure(PoolSettings()).max_processes  # what create_worker just used: the running pool
     assert worker.config()["max_concurrent_workflow_tasks"] == min(DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS, pool)
     assert DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS == 4
     mine = create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=2)

@@ -237,11 +237,11 @@ def _kill_sandbox_processes_when_the_program_runs() -> int:
     import threading
     import time
 
-    from durable_codemode._pool import live_sessions
+    from durable_codemode._pool import POOL
 
     def kill_when_held() -> None:
         deadline = time.monotonic() + 10
-        while live_sessions() == 0 and time.monotonic() < deadline:
+        while POOL.live_sessions() == 0 and time.monotonic() < deadline:
             time.sleep(0.001)
         _kill_sandbox_processes()
 
@@ -331,25 +331,25 @@ async def test_a_run_keeps_its_process_while_the_model_thinks_only_within_the_ho
 
     def second_turn(messages: Any) -> RunCode:
         # The model activity runs in this process while the run waits for it.
-        seen.append((_pool.live_sessions(), _pool.held_sessions()))
+        seen.append((_pool.POOL.live_sessions(), _pool.POOL.held_sessions()))
         return RunCode("x + 1")  # the REPL's state survives, kept or released
 
     # A place of the hold budget is free: the run keeps its session, and the next snippet is fed to it.
     result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
     assert seen == [(1, 1)]
     assert eval(result.output) == {"result": 41}
-    assert (_pool.live_sessions(), _pool.held_sessions()) == (0, 0)  # given back when the run ended
+    assert (_pool.POOL.live_sessions(), _pool.POOL.held_sessions()) == (0, 0)  # given back when the run ended
 
     # Every place taken (by other runs' waits): the REPL waits as a dump, and no process is held.
     budget = 0
-    while _pool.try_hold():
+    while _pool.POOL.try_hold():
         budget += 1
     try:
         seen.clear()
         result, _ = await run(client, RunCode("x = await get(i=4)"), second_turn, echo)
     finally:
         for _ in range(budget):
-            _pool.release_hold()
+            _pool.POOL.release_hold()
     assert budget > 0 and seen == [(0, budget)]
     assert eval(result.output) == {"result": 41}
 

@@ -42,12 +42,12 @@ seen = await store(key=f'k{tag}', value=total + sum(pair))
 
 @pytest.fixture
 async def small_pool() -> AsyncIterator[int]:
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.live_sessions() == 0
     _pool.shutdown_pool()
-    _pool.configure_pool(PoolSettings(max_processes=POOL))
+    _pool.POOL.configure(PoolSettings(max_processes=POOL))
     yield POOL
     _pool.shutdown_pool()
-    _pool.configure_pool(PoolSettings())
+    _pool.POOL.configure(PoolSettings())
 
 
 class PeakSessions:
@@ -59,7 +59,7 @@ class PeakSessions:
 
     async def _sample(self) -> None:
         while True:
-            self.peak = max(self.peak, _pool.live_sessions())
+            self.peak = max(self.peak, _pool.POOL.live_sessions())
             await asyncio.sleep(0.002)
 
     async def __aenter__(self) -> PeakSessions:
@@ -98,7 +98,7 @@ async def test_more_runs_than_sandbox_processes_queue_and_all_complete(client: C
     # One per workflow task slot, plus the programs keeping their process over a wait on tool calls (at most
     # the hold budget, in processes of their own: no workflow task waits for them).
     assert sessions.peak <= small_pool + _pool.hold_budget(PoolSettings(max_processes=small_pool))
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.live_sessions() == 0
     for handle in handles:
         assert await failed_tasks(handle) == []  # no SandboxUnavailableError, no deadlock
         await replay(handle)
@@ -127,13 +127,13 @@ async def test_a_run_recorded_while_programs_held_their_process_replays() -> Non
 
 @pytest.fixture
 async def idle_shutdown_pool() -> AsyncIterator[PoolSettings]:
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.live_sessions() == 0
     _pool.shutdown_pool()
     settings = PoolSettings(max_processes=POOL, idle_shutdown_seconds=0.5)
-    _pool.configure_pool(settings)
+    _pool.POOL.configure(settings)
     yield settings
     _pool.shutdown_pool()
-    _pool.configure_pool(PoolSettings())
+    _pool.POOL.configure(PoolSettings())
 
 
 async def test_an_idle_pool_stops_its_processes_and_starts_them_again_for_the_next_run(
@@ -146,12 +146,12 @@ async def test_an_idle_pool_stops_its_processes_and_starts_them_again_for_the_ne
         await first.result()
         assert child_processes(), "the run used the pool"
         deadline = asyncio.get_running_loop().time() + 30
-        while _pool.running_pools() or child_processes():  # stopped once idle, between 0.5 and 1 s later
+        while _pool.POOL.running_pools() or child_processes():  # stopped once idle, between 0.5 and 1 s later
             assert asyncio.get_running_loop().time() < deadline, f"still running: {child_processes()}"
             await asyncio.sleep(0.05)
         second = await start_run(client, "idle-pool", "go", task_queue=tq)
         assert (await second.result()).output == (await first.result()).output
-        assert _pool.running_pools() >= 1  # started again, lazily, by the second run's first snippet
+        assert _pool.POOL.running_pools() >= 1  # started again, lazily, by the second run's first snippet
     await replay(first)
     await replay(second)
 

@@ -2,8 +2,8 @@
 
 A session's first type check costs ~15 ms (the checker loads the builtins' stubs); the run draws the snippet's
 seed before the request (`AgentSpec.seeds_before_model_request`), so the pool can check a session out with it
-and warm its checker meanwhile (`_pool.prewarm_session`). A warm session must behave exactly as a cold one: the
-replay, which warms none, checks that, down to the seeded `random` values the program passes to its tools.
+and warm its checker meanwhile (`_pool.SandboxPool.prewarm_session`). A warm session must behave exactly as a
+cold one: the replay, which warms none, checks that, down to the seeded `random` values the program passes to its tools.
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ async def test_a_fresh_snippet_runs_in_the_session_warmed_during_its_model_reque
 
     def first_turn(messages: Any) -> RunCode:
         # The model activity runs in this process, while the workflow task that asked for it has ended.
-        warming_at_request.append(_pool.warm_sessions()[0])
+        warming_at_request.append(_pool.POOL.warm_sessions()[0])
         return RunCode(SEEDED)
 
-    _, claimed_before = _pool.warm_sessions()
+    _, claimed_before = _pool.POOL.warm_sessions()
     effects = Effects()
     result = await _run(client, first_turn, lambda m: repr(last_result(m)), effects=effects)
     picks, values = eval(result.output)["result"]
     assert warming_at_request == [1]
-    assert _pool.warm_sessions() == (0, claimed_before + 1)
+    assert _pool.POOL.warm_sessions() == (0, claimed_before + 1)
     # The program's seeded draws reached the tools, and the replay (cold sessions) drew the same ones.
     assert [arg for tool, arg in effects.calls] == [p % 97 for p in picks]
     assert values == [(p % 97) * 10 for p in picks]
@@ -65,7 +65,7 @@ async def test_a_later_snippet_loads_its_repl_and_warms_nothing(client: Client) 
 
     def turn(code: str) -> Any:
         def respond(messages: Any) -> RunCode:
-            warming.append(_pool.warm_sessions()[0])
+            warming.append(_pool.POOL.warm_sessions()[0])
             return RunCode(code)
         return respond
 
@@ -75,18 +75,18 @@ async def test_a_later_snippet_loads_its_repl_and_warms_nothing(client: Client) 
 
 
 async def test_a_session_warmed_for_a_snippet_that_never_comes_is_given_back(client: Client) -> None:
-    _, claimed_before = _pool.warm_sessions()
+    _, claimed_before = _pool.POOL.warm_sessions()
     result = await _run(client, "no code needed")
     assert result.output == "no code needed"
     _warming_threads_done()
-    assert _pool.warm_sessions() == (0, claimed_before)
-    assert _pool.held_sessions() == 0  # the hold place the warm session took is free again
+    assert _pool.POOL.warm_sessions() == (0, claimed_before)
+    assert _pool.POOL.held_sessions() == 0  # the hold place the warm session took is free again
 
 
 async def test_the_sessions_a_run_gives_back_all_end(client: Client) -> None:
-    # Sessions are ended off the workflow thread (`_pool.give_back`); none may be left hanging, or the pool
+    # Sessions are ended off the workflow thread (`_pool.SandboxPool.session`); none may be left hanging, or the pool
     # would never shut down when idle (`close_if_idle` waits for them).
     result = await _run(client, RunCode("x = await get(i=3)"), RunCode("x * 2"), lambda m: repr(last_result(m)))
     assert eval(result.output)["result"] == 60
-    assert _pool.wait_given_back(timeout=10)
-    assert _pool.live_sessions() == 0
+    assert _pool.POOL.wait_given_back(timeout=10)
+    assert _pool.POOL.live_sessions() == 0

@@ -1,7 +1,9 @@
-"""The worker process's pools of Monty sandbox processes.
+"""The worker process's sandbox pool: its Monty processes, and who holds them.
 
-Three pools per worker process, each created on first use (creating them at import would spawn `monty`
-processes in every process that imports the workflow module: clients, the replay command):
+One `SandboxPool` per worker process (`POOL`), shared by every workflow run and compute activity in it (this module
+is passed through Temporal's workflow sandbox). It runs three Monty pools, each created on first checkout (creating
+them at import would spawn `monty` processes in every process that imports the workflow module: clients, the replay
+command):
 
 - the **live** pool serves programs computing in live workflow tasks. Its `request_timeout` backstop
   (`LIVE_BACKSTOP_SECONDS`) kills a process that computes past it, well before Temporal's 2 s deadlock limit;
@@ -12,7 +14,11 @@ processes in every process that imports the workflow module: clients, the replay
 - the **compute** pool serves the compute activity (`worker/_compute`): programs past their in-workflow budget,
   bounded by their own in-sandbox limit (`SnippetLimits.max_compute_seconds`).
 
-This module is passed through Temporal's workflow sandbox, so every workflow run in the process shares them.
+What it owns, all under one lock: the three pools and the settings they run with; the count of sessions checked out
+(`SandboxPool.session`, a context manager, counts them, so no caller keeps the count); the hold budget's places
+(`try_hold`); the sessions warmed ahead of a snippet, each by a thread of its own (`prewarm_session`); and the thread
+that ends the sessions runs give back (`session` on exit). `shutdown` stops all of it; the next checkout starts it
+again.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from types import TracebackType
+from typing import Any, Literal
 
 import pydantic_monty
 from pydantic_monty._binary import find_monty_binary
@@ -33,26 +40,15 @@ from ._errors import CodeModeUserError
 
 __all__ = [
     "LIVE_BACKSTOP_SECONDS",
+    "POOL",
     "PoolSettings",
+    "SandboxPool",
     "check_sandbox_binary",
-    "claim_warm_session",
-    "configure_pool",
+    "default_compute_processes",
     "default_max_processes",
-    "discard_warm_session",
-    "get_compute_pool",
-    "get_pool",
-    "give_back",
-    "held_sessions",
     "hold_budget",
-    "live_sessions",
     "max_sandbox_processes",
-    "prewarm_session",
-    "release_hold",
-    "reserve_task_slots",
     "shutdown_pool",
-    "try_hold",
-    "wait_given_back",
-    "warm_sessions",
 ]
 
 LIVE_BACKSTOP_SECONDS = 1.2
@@ -75,9 +71,10 @@ class PoolSettings:
     - so the pool bounds the workflow tasks computing at once, never the runs in flight: 50 runs with live
       programs on a 4-process pool all complete; they queue for workflow task slots, which Temporal hands out;
     - a program waiting on plain tool calls, or a run waiting on its model between snippets, may keep its
-      process instead (`try_hold`), and a fresh snippet's session may be warmed while its model request is in
-      flight (`prewarm_session`), for up to half as many runs again, in processes beyond `max_processes`: a
-      wait then costs no dump and load (and a next snippet no fresh session's first type check).
+      process instead (`SandboxPool.try_hold`), and a fresh snippet's session may be warmed while its model
+      request is in flight (`SandboxPool.prewarm_session`), for up to half as many runs again, in processes
+      beyond `max_processes`: a wait then costs no dump and load (and a next snippet no fresh session's first
+      type check).
 
     The default is 4 per usable CPU, from 4 to 32: a workflow task slot is also held while its completion
     travels to the server, so a few per core keep the CPUs busy. Measured on 2 CPUs (`bench/throughput.py`, 50
@@ -142,38 +139,14 @@ def default_compute_processes() -> int:
     return max(2, _cpus())
 
 
-_lock = threading.Lock()  # determinism: ok (guards the process-wide pool; decides no workflow step)
-_settings = PoolSettings()
-_pools: dict[str, pydantic_monty.Monty] = {}
-"""The running pools: `live`, `replay`, `compute`."""
-_running: PoolSettings | None = None
-"""The settings the running pool was started with."""
-_live = 0
-_uses = 0
-"""Pools handed out and sessions checked out so far: unchanged between two looks means nothing used the pool."""
-_held = 0
-"""Sessions held by programs waiting on tool calls (see `try_hold`)."""
-_task_slots = 0
-"""Workflow task slots of the code-mode workers running in this process (see `PoolSettings`)."""
+def hold_budget(settings: PoolSettings) -> int:
+    """Sessions the process's programs may hold while they wait on tool calls: half the pool, at least 1."""
+    return max(1, settings.max_processes // 2)
 
 
-def configure_pool(settings: PoolSettings) -> PoolSettings:
-    """Set the pool's size before its first use; returns the settings in force.
-
-    A pool already running keeps its settings until shut down: then those are returned.
-    """
-    global _settings
-    with _lock:
-        _settings = settings
-        return _running or settings
-
-
-def reserve_task_slots(slots: int) -> int:
-    """Count a code-mode worker's workflow task slots while it runs (`-slots` when it stops); the process's sum."""
-    global _task_slots
-    with _lock:
-        _task_slots += slots
-        return _task_slots
+def max_sandbox_processes(settings: PoolSettings) -> int:
+    """The most `monty` processes a worker process runs with `settings`: its three pools at their caps."""
+    return 2 * settings.max_processes + hold_budget(settings) + settings.compute_processes
 
 
 def check_sandbox_binary() -> str:
@@ -194,71 +167,8 @@ def check_sandbox_binary() -> str:
     return path
 
 
-def _get(kind: str) -> pydantic_monty.Monty:
-    global _running, _uses
-    with _lock:
-        _uses += 1
-        pool = _pools.get(kind)
-        if pool is None:
-            settings = _running or _settings
-            if kind == "compute":
-                # Waits for a free process as long as it takes: the compute activity heartbeats meanwhile.
-                pool = pydantic_monty.Monty(min_processes=0, max_processes=settings.compute_processes)
-            else:
-                pool = pydantic_monty.Monty(
-                    min_processes=1,
-                    # The live pool has room for the sessions programs hold while they wait (`try_hold`) on top
-                    # of one per workflow task slot, so a held session never makes a workflow task wait.
-                    max_processes=settings.max_processes + (hold_budget(settings) if kind == "live" else 0),
-                    checkout_timeout=settings.checkout_timeout,
-                    request_timeout=LIVE_BACKSTOP_SECONDS if kind == "live" else None,
-                )
-            pool.__enter__()
-            _pools[kind], _running = pool, settings
-        return pool
-
-
-def get_pool(*, replaying: bool = False) -> pydantic_monty.Monty:
-    """The pool for workflow tasks (the `replay` pool when `replaying`), started on first call."""
-    return _get("replay" if replaying else "live")
-
-
-def get_compute_pool() -> pydantic_monty.Monty:
-    """The pool of the compute activity, started on first call."""
-    return _get("compute")
-
-
-def hold_budget(settings: PoolSettings) -> int:
-    """Sessions the process's programs may hold while they wait on tool calls: half the pool, at least 1."""
-    return max(1, settings.max_processes // 2)
-
-
-def max_sandbox_processes(settings: PoolSettings) -> int:
-    """The most `monty` processes a worker process runs with `settings`: its three pools at their caps."""
-    return 2 * settings.max_processes + hold_budget(settings) + settings.compute_processes
-
-
-def try_hold() -> bool:
-    """Take one of the hold budget's places (a program keeps its session while it waits); `False` if none is free.
-
-    Whether a program holds its session or is dumped while it waits changes nothing it computes (a dump loads
-    back exactly), only what the wait costs: a dump and a load, ~1 ms for small state but ~0.75 s for a program
-    holding 200k rows. So this may depend on the moment; it decides no workflow command.
-    """
-    global _held
-    with _lock:
-        if _held >= hold_budget(_running or _settings):
-            return False
-        _held += 1
-        return True
-
-
-def release_hold() -> None:
-    """Give back a place taken by `try_hold`."""
-    global _held
-    with _lock:
-        _held -= 1
-
+PoolKind = Literal["live", "replay", "compute"]
+"""Which of the three pools (see the module docstring)."""
 
 WARM_UP_PROGRAM = (
     "import asyncio\n"
@@ -272,13 +182,16 @@ program needs: touching more modules (`json`, `re`, `datetime`) doubled the warm
 and saved ~1 ms of a program's check that uses them, while a fast model's request gives the warm-up ~15 ms."""
 
 WARMING_THREAD = "durable-codemode-warm-session"
-"""The name of the threads that warm sessions (`prewarm_session`)."""
+"""The name of the threads that warm sessions (`SandboxPool.prewarm_session`)."""
 
 WARM_UP_WAIT_SECONDS = 0.25
 """Seconds a snippet waits for its session's warm-up to finish (~15 ms on these machines; more under load)."""
 
 WARM_SESSION_SECONDS = 60.0
 """Seconds an unclaimed warm session is kept (its run may have been evicted, or is waiting on a slow model)."""
+
+GIVING_BACK_THREAD = "durable-codemode-give-back"
+"""The name of the thread that ends the sessions runs give back (`SandboxPool.session`)."""
 
 
 @dataclass(eq=False)
@@ -294,238 +207,361 @@ class _WarmSession:
     """Nobody will claim it: the warming thread closes the session when it is done."""
 
 
-_warming: dict[str, _WarmSession] = {}
-_warm_claimed = 0
-
-
-def prewarm_session(key: str, options: dict[str, Any]) -> bool:
-    """Check out a live session with `options` in the background and warm its type checker; `False` if not.
-
-    A session's first type check costs ~15 ms on these machines (the checker loads the builtins' stubs), and
-    every snippet that starts a fresh REPL pays it on the workflow thread. A run asks for its next fresh session
-    while its model request is in flight, so that cost overlaps the request; `claim_warm_session(key, options)`
-    takes it. A warm session holds one of the hold budget's places (`try_hold`) until claimed or dropped; none
-    is warmed when they are all taken. Whether a session was warmed decides nothing a run records.
-    """
-    _drop_stale()
-    with _lock:
-        if key in _warming:
-            return True
-    if not try_hold():
-        return False
-    entry = _WarmSession(options=dict(options), started=time.monotonic())  # determinism: ok (expiry only)
-    with _lock:
-        _warming[key] = entry
-    # The thread decides nothing a run records: a warm session computes as a cold one.
-    warm = threading.Thread(target=_warm, args=(entry,), name=WARMING_THREAD)  # determinism: ok (see above)
-    warm.daemon = True
-    warm.start()
-    return True
-
-
-def _warm(entry: _WarmSession) -> None:
-    # Dropped before it started (the pool is shutting down): it starts no pool again.
-    session = None if entry.abandoned else _warmed(entry)
-    with _lock:  # set and read under the lock, as `_drop` does: one of the two ends a dropped entry
-        entry.session = session
-        entry.ready.set()
-        abandoned = entry.abandoned
-    if abandoned:
-        _end(entry)
-
-
-def _warmed(entry: _WarmSession) -> pydantic_monty.MontySession | None:
-    """A session checked out with the entry's options, its checker warmed; `None` if none could be."""
-    session: pydantic_monty.MontySession | None = None
-    try:
-        session = get_pool().checkout(**entry.options)
-        session.__enter__()
-        entry.has_process = True
-        session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
-    except pydantic_monty.MontyTypingError:
-        return session  # rejected, as it must be: the checker is warm and nothing ran
-    except Exception:  # no process free in time, a crash: the run checks out a cold session instead
-        if session is not None:
-            _close_quietly(session)
-        return None
-    # pragma: no cover - the program calls an undefined name, so the checker always rejects it: here it ran
-    _close_quietly(session)
-    return None
-
-
 def _close_quietly(session: pydantic_monty.MontySession) -> None:
     with contextlib.suppress(Exception):  # the process is gone already (or its pool stopped): nothing to give back
         session.__exit__(None, None, None)
 
 
-def _end(entry: _WarmSession) -> None:
-    """Close an entry's session, if it has one, and give back its hold place (once its warming is done)."""
-    with _lock:
-        session, entry.session = entry.session, None
-    if session is not None:
-        _close_quietly(session)
-    release_hold()
+class Checkout:
+    """A session of one of the pool's Monty pools, counted as checked out from `__enter__` to `__exit__`.
 
-
-def _drop(entry: _WarmSession) -> None:
-    with _lock:
-        done = entry.ready.is_set()
-        entry.abandoned = not done
-    if done:
-        _end(entry)
-
-
-def claim_warm_session(key: str, options: dict[str, Any], *, timeout: float) -> pydantic_monty.MontySession | None:
-    """The session `prewarm_session(key, options)` warmed, entered; `None` if there is none (check out cold).
-
-    Waits up to `timeout` for one still running its warm-up, never for one still waiting for a process: then the
-    workflow task checks out cold at once, as it would have, and never waits for two checkouts. A session warmed
-    with other options (the run's spec changed under it, which a new worker version may do) is closed, never
-    handed out.
+    Made by `SandboxPool.session`; `__enter__` checks the session out (or takes the one warmed for the snippet) and
+    returns it, `__exit__` counts it back and ends it. A class, not a generator: a generator's `finally` would also
+    run when a forgotten checkout is garbage collected, at any allocation of any thread, maybe under the pool's lock.
     """
-    global _warm_claimed
-    with _lock:
-        entry = _warming.pop(key, None)
-    if entry is None:
-        return None
-    if not entry.has_process or not entry.ready.wait(timeout) or entry.options != options:
-        _drop(entry)
-        return None
-    with _lock:
-        session, entry.session = entry.session, None
+
+    def __init__(self, pool: SandboxPool, kind: PoolKind, options: dict[str, Any], warm_key: str | None) -> None:
+        self._pool, self._kind, self._options, self._warm_key = pool, kind, options, warm_key
+        self._session: pydantic_monty.MontySession | None = None
+
+    def __enter__(self) -> pydantic_monty.MontySession:
+        self._session = self._pool._check_out(self._kind, self._options, self._warm_key)
+        return self._session
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        session, self._session = self._session, None
         if session is not None:
-            _warm_claimed += 1
-    release_hold()
-    return session
+            self._pool._check_in(self._kind, session)
 
 
-def discard_warm_session(key: str) -> None:
-    """Drop the session warmed for `key`, if any (its run ended, or its next snippet loads a REPL)."""
-    with _lock:
-        entry = _warming.pop(key, None)
-    if entry is not None:
-        _drop(entry)
+class SandboxPool:
+    """The process's Monty pools, with everything that holds one of their sessions; one per process: `POOL`.
 
-
-def _drop_stale() -> None:
-    now = time.monotonic()  # determinism: ok (expiry of sessions no run claimed)
-    with _lock:
-        stale = [k for k, e in _warming.items() if now - e.started > WARM_SESSION_SECONDS]
-        entries = [_warming.pop(k) for k in stale]
-    for entry in entries:
-        _drop(entry)
-
-
-def warm_sessions() -> tuple[int, int]:
-    """Sessions warming or warm and not yet claimed, and warm sessions claimed so far: for tests and metrics."""
-    with _lock:
-        return len(_warming), _warm_claimed
-
-
-def held_sessions() -> int:
-    """Places of the hold budget taken now (held by waiting programs, or warm sessions): for tests and metrics."""
-    return _held
-
-
-GIVING_BACK_THREAD = "durable-codemode-give-back"
-"""The name of the thread that ends the sessions runs give back (`give_back`)."""
-
-_given_back: queue.SimpleQueue[pydantic_monty.MontySession] = queue.SimpleQueue()
-_giving_back = 0
-"""Sessions given back and not yet ended."""
-_given_back_all = threading.Condition(_lock)  # determinism: ok (decides no workflow step)
-_giver: threading.Thread | None = None  # determinism: ok (see `give_back`)
-
-
-def give_back(session: pydantic_monty.MontySession) -> None:
-    """End a run's session off the workflow thread: its process goes back to the pool when that is done.
-
-    Ending a session that has type-checked costs its process 2-4 ms on these machines (the checker's state is
-    dropped), which the workflow thread would otherwise wait through at the end of every snippet. Nothing a run
-    records depends on when it ends; a checkout meanwhile takes another process, or waits the few ms.
+    Every method may be called from any thread (workflow threads, activity threads, the worker's event loop).
+    Nothing here decides a workflow command: which process a program computes in, whether it holds one while it
+    waits and whether its session was warmed change only what a wait or a snippet costs, never what it computes.
     """
-    global _giving_back, _giver
-    with _lock:
-        _giving_back += 1
-        if _giver is None:
-            _giver = threading.Thread(  # determinism: ok (off the workflow thread; decides nothing recorded)
-                target=_end_given_back, name=GIVING_BACK_THREAD, daemon=True)
-            _giver.start()
-    _given_back.put(session)
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # determinism: ok (guards the process-wide pool; decides no workflow step)
+        self._settings = PoolSettings()
+        """The settings the next pool starts with (`configure`)."""
+        self._running: PoolSettings | None = None
+        """The settings the running pools were started with."""
+        self._pools: dict[PoolKind, pydantic_monty.Monty] = {}
+        """The running pools."""
+        self._live = 0
+        """Sessions checked out now (`session`)."""
+        self._uses = 0
+        """Pools handed out and sessions checked out so far: unchanged between two looks means nothing used the pool."""
+        self._held = 0
+        """Places of the hold budget taken (`try_hold`)."""
+        self._task_slots = 0
+        """Workflow task slots of the code-mode workers running in this process (see `PoolSettings`)."""
+        self._warming: dict[str, _WarmSession] = {}
+        """Sessions warming or warm, not yet claimed, by key (`prewarm_session`)."""
+        self._warm_claimed = 0
+        self._giver: queue.SimpleQueue[pydantic_monty.MontySession | None] | None = None
+        """The queue of the thread that ends given-back sessions, started by the first one (`None` on it stops it)."""
+        self._giving_back = 0
+        """Sessions given back and not yet ended."""
+        self._given_back_all = threading.Condition(self._lock)  # determinism: ok (decides no workflow step)
 
-def _end_given_back() -> None:
-    global _giving_back
-    while True:
-        session = _given_back.get()
-        _close_quietly(session)
-        with _lock:
-            _giving_back -= 1
-            if not _giving_back:
-                _given_back_all.notify_all()
+    # -- settings ------------------------------------------------------------------------------------------------
 
+    def configure(self, settings: PoolSettings) -> PoolSettings:
+        """Set the pool's size before its first use; returns the settings in force.
 
-def wait_given_back(timeout: float = 10.0) -> bool:
-    """Wait until every session given back has ended (`give_back`); whether they all had within `timeout`."""
-    with _lock:
-        return _given_back_all.wait_for(lambda: not _giving_back, timeout)
+        A pool already running keeps its settings until shut down: then those are returned.
+        """
+        with self._lock:
+            self._settings = settings
+            return self._running or settings
 
+    def reserve_task_slots(self, slots: int) -> int:
+        """Count a code-mode worker's workflow task slots while it runs (`-slots` when it stops); the process's sum."""
+        with self._lock:
+            self._task_slots += slots
+            return self._task_slots
 
-def live_sessions() -> int:
-    """Sessions currently checked out of the pool (a run's live REPL each): for tests and metrics."""
-    return _live
+    # -- sessions ------------------------------------------------------------------------------------------------
 
+    def session(self, options: dict[str, Any], *, kind: PoolKind = "live", warm_key: str | None = None) -> Checkout:
+        """A session of the `kind` pool checked out with `options` (`Monty.checkout`'s), for a `with` block.
 
-def note_checkout(delta: int) -> None:
-    """Count a session checked out (+1) or returned (-1)."""
-    global _live, _uses
-    with _lock:
-        _live += delta
-        _uses += 1
+        The pool is started on first use. While the block runs, the session counts as checked out
+        (`live_sessions`, and the pool is not idle); at its end the session is ended: a workflow task's (`live`,
+        `replay`) off the workflow thread, by the giving-back thread (ending a session that has type-checked costs
+        its process 2-4 ms, which the workflow thread would otherwise wait through at the end of every snippet;
+        a checkout meanwhile takes another process, or waits the few ms), a compute activity's in its own thread.
+        `warm_key`: take the live session `prewarm_session(warm_key, options)` warmed, if there is one.
 
+        Raises:
+            TimeoutError: on entering, no process of the `live` or `replay` pool was free within
+                `PoolSettings.checkout_timeout`; nothing is checked out.
 
-def pool_uses() -> int:
-    """A count that changes whenever the pool is used (see `close_if_idle`)."""
-    return _uses
+        """
+        return Checkout(self, kind, options, warm_key)
 
+    def _monty(self, kind: PoolKind) -> pydantic_monty.Monty:
+        with self._lock:
+            self._uses += 1
+            pool = self._pools.get(kind)
+            if pool is None:
+                settings = self._running or self._settings
+                if kind == "compute":
+                    # Waits for a free process as long as it takes: the compute activity heartbeats meanwhile.
+                    pool = pydantic_monty.Monty(min_processes=0, max_processes=settings.compute_processes)
+                else:
+                    pool = pydantic_monty.Monty(
+                        min_processes=1,
+                        # The live pool has room for the sessions programs hold while they wait (`try_hold`) on
+                        # top of one per workflow task slot, so a held session never makes a workflow task wait.
+                        max_processes=settings.max_processes + (hold_budget(settings) if kind == "live" else 0),
+                        checkout_timeout=settings.checkout_timeout,
+                        request_timeout=LIVE_BACKSTOP_SECONDS if kind == "live" else None,
+                    )
+                pool.__enter__()
+                self._pools[kind], self._running = pool, settings
+            return pool
 
-def running_pools() -> int:
-    """Pools running in this process (each keeps its processes in use, and one warm): for tests and metrics."""
-    return len(_pools)
+    def _check_out(self, kind: PoolKind, options: dict[str, Any], warm_key: str | None) -> pydantic_monty.MontySession:
+        session = None
+        if warm_key is not None:
+            session = self._claim_warm(warm_key, options, timeout=WARM_UP_WAIT_SECONDS)
+        if session is None:
+            session = self._monty(kind).checkout(**options)
+            session.__enter__()
+        with self._lock:
+            self._live += 1
+            self._uses += 1
+        return session
 
+    def _check_in(self, kind: PoolKind, session: pydantic_monty.MontySession) -> None:
+        with self._lock:
+            self._live -= 1
+            self._uses += 1
+        if kind == "compute":
+            _close_quietly(session)
+        else:
+            self._give_back(session)
 
-def close_if_idle(uses_then: int) -> bool:
-    """Stop every pool if no session is checked out and nothing used the pool since `pool_uses()` was `uses_then`.
+    def _give_back(self, session: pydantic_monty.MontySession) -> None:
+        with self._lock:
+            self._giving_back += 1
+            if self._giver is None:
+                self._giver = queue.SimpleQueue()
+                threading.Thread(  # determinism: ok (off the workflow thread; decides nothing recorded)
+                    target=self._end_given_back, args=(self._giver,), name=GIVING_BACK_THREAD, daemon=True).start()
+            self._giver.put(session)
 
-    The worker calls this periodically (`PoolSettings.idle_shutdown_seconds`); the next `get_pool()` starts the
-    pools again, with the settings in force. Returns whether any pool was stopped.
-    """
-    _drop_stale()
-    with _lock:
-        if _uses != uses_then or _live or _held or _giving_back or not _pools:
+    def _end_given_back(self, sessions: queue.SimpleQueue[pydantic_monty.MontySession | None]) -> None:
+        while (session := sessions.get()) is not None:
+            _close_quietly(session)
+            with self._lock:
+                self._giving_back -= 1
+                if not self._giving_back:
+                    self._given_back_all.notify_all()
+
+    def wait_given_back(self, timeout: float = 10.0) -> bool:
+        """Wait until every session given back has ended; whether they all had within `timeout`."""
+        with self._lock:
+            return self._given_back_all.wait_for(lambda: not self._giving_back, timeout)
+
+    # -- the hold budget -----------------------------------------------------------------------------------------
+
+    def try_hold(self) -> bool:
+        """Take one of the hold budget's places (a program keeps its session while it waits); `False` if none is free.
+
+        Whether a program holds its session or is dumped while it waits changes nothing it computes (a dump loads
+        back exactly), only what the wait costs: a dump and a load, ~1 ms for small state but ~0.75 s for a program
+        holding 200k rows. So this may depend on the moment; it decides no workflow command.
+        """
+        with self._lock:
+            if self._held >= hold_budget(self._running or self._settings):
+                return False
+            self._held += 1
+            return True
+
+    def release_hold(self) -> None:
+        """Give back a place taken by `try_hold`."""
+        with self._lock:
+            self._held -= 1
+
+    # -- warm sessions -------------------------------------------------------------------------------------------
+
+    def prewarm_session(self, key: str, options: dict[str, Any]) -> bool:
+        """Check out a live session with `options` in the background and warm its type checker; `False` if not.
+
+        A session's first type check costs ~15 ms on these machines (the checker loads the builtins' stubs), and
+        every snippet that starts a fresh REPL pays it on the workflow thread. A run asks for its next fresh session
+        while its model request is in flight, so that cost overlaps the request; `session(options, warm_key=key)`
+        takes it. A warm session holds one of the hold budget's places (`try_hold`) until claimed or dropped; none
+        is warmed when they are all taken. Whether a session was warmed decides nothing a run records.
+        """
+        self._drop_stale()
+        with self._lock:
+            if key in self._warming:
+                return True
+        if not self.try_hold():
             return False
-        pools = list(_pools.values())
-        _pools.clear()
-    for pool in pools:
-        pool.__exit__(None, None, None)
-    return True
+        entry = _WarmSession(options=dict(options), started=time.monotonic())  # determinism: ok (expiry only)
+        with self._lock:
+            self._warming[key] = entry
+        # The thread decides nothing a run records: a warm session computes as a cold one.
+        warm = threading.Thread(target=self._warm, args=(entry,), name=WARMING_THREAD)  # determinism: ok (see above)
+        warm.daemon = True
+        warm.start()
+        return True
+
+    def _warm(self, entry: _WarmSession) -> None:
+        # Dropped before it started (the pool is shutting down): it starts no pool again.
+        session = None if entry.abandoned else self._warmed(entry)
+        with self._lock:  # set and read under the lock, as `_drop` does: one of the two ends a dropped entry
+            entry.session = session
+            entry.ready.set()
+            abandoned = entry.abandoned
+        if abandoned:
+            self._end(entry)
+
+    def _warmed(self, entry: _WarmSession) -> pydantic_monty.MontySession | None:
+        """A session checked out with the entry's options, its checker warmed; `None` if none could be."""
+        session: pydantic_monty.MontySession | None = None
+        try:
+            session = self._monty("live").checkout(**entry.options)
+            session.__enter__()
+            entry.has_process = True
+            session.feed_start(WARM_UP_PROGRAM, print_callback=pydantic_monty.CollectStreams())
+        except pydantic_monty.MontyTypingError:
+            return session  # rejected, as it must be: the checker is warm and nothing ran
+        except Exception:  # no process free in time, a crash: the run checks out a cold session instead
+            if session is not None:
+                _close_quietly(session)
+            return None
+        # pragma: no cover - the program calls an undefined name, so the checker always rejects it: here it ran
+        _close_quietly(session)
+        return None
+
+    def _end(self, entry: _WarmSession) -> None:
+        """Close an entry's session, if it has one, and give back its hold place (once its warming is done)."""
+        with self._lock:
+            session, entry.session = entry.session, None
+        if session is not None:
+            _close_quietly(session)
+        self.release_hold()
+
+    def _drop(self, entry: _WarmSession) -> None:
+        with self._lock:
+            done = entry.ready.is_set()
+            entry.abandoned = not done
+        if done:
+            self._end(entry)
+
+    def _claim_warm(self, key: str, options: dict[str, Any], *, timeout: float) -> pydantic_monty.MontySession | None:
+        """The session `prewarm_session(key, options)` warmed, entered; `None` if there is none (check out cold).
+
+        Waits up to `timeout` for one still running its warm-up, never for one still waiting for a process: then the
+        workflow task checks out cold at once, as it would have, and never waits for two checkouts. A session warmed
+        with other options (the run's spec changed under it, which a new worker version may do) is closed, never
+        handed out.
+        """
+        with self._lock:
+            entry = self._warming.pop(key, None)
+        if entry is None:
+            return None
+        if not entry.has_process or not entry.ready.wait(timeout) or entry.options != options:
+            self._drop(entry)
+            return None
+        with self._lock:
+            session, entry.session = entry.session, None
+            if session is not None:
+                self._warm_claimed += 1
+        self.release_hold()
+        return session
+
+    def discard_warm_session(self, key: str) -> None:
+        """Drop the session warmed for `key`, if any (its run ended, or its next snippet loads a REPL)."""
+        with self._lock:
+            entry = self._warming.pop(key, None)
+        if entry is not None:
+            self._drop(entry)
+
+    def _drop_stale(self) -> None:
+        now = time.monotonic()  # determinism: ok (expiry of sessions no run claimed)
+        with self._lock:
+            stale = [k for k, e in self._warming.items() if now - e.started > WARM_SESSION_SECONDS]
+            entries = [self._warming.pop(k) for k in stale]
+        for entry in entries:
+            self._drop(entry)
+
+    # -- what tests and metrics read -----------------------------------------------------------------------------
+
+    def live_sessions(self) -> int:
+        """Sessions currently checked out (a run's live REPL each, a compute activity's): for tests and metrics."""
+        return self._live
+
+    def held_sessions(self) -> int:
+        """Places of the hold budget taken now (held by waiting programs, or warm sessions): for tests and metrics."""
+        return self._held
+
+    def warm_sessions(self) -> tuple[int, int]:
+        """Sessions warming or warm and not yet claimed, and warm sessions claimed so far: for tests and metrics."""
+        with self._lock:
+            return len(self._warming), self._warm_claimed
+
+    def running_pools(self) -> int:
+        """Pools running in this process (each keeps its processes in use, and one warm): for tests and metrics."""
+        return len(self._pools)
+
+    # -- stopping ------------------------------------------------------------------------------------------------
+
+    def uses(self) -> int:
+        """A count that changes whenever the pool is used (see `close_if_idle`)."""
+        return self._uses
+
+    def close_if_idle(self, uses_then: int) -> bool:
+        """Stop every pool if no session is checked out and nothing used the pool since `uses()` was `uses_then`.
+
+        The worker calls this periodically (`PoolSettings.idle_shutdown_seconds`); the next checkout starts the
+        pools again, with the settings in force. Returns whether any pool was stopped.
+        """
+        self._drop_stale()
+        with self._lock:
+            if self._uses != uses_then or self._live or self._held or self._giving_back or not self._pools:
+                return False
+            pools = list(self._pools.values())
+            self._pools.clear()
+        for pool in pools:
+            pool.__exit__(None, None, None)
+        return True
+
+    def shutdown(self) -> None:
+        """Stop every sandbox process of every pool, and the giving-back thread; the next checkout starts them again."""
+        with self._lock:
+            warm = list(self._warming.values())
+            self._warming.clear()
+        for entry in warm:
+            self._drop(entry)
+        self.wait_given_back()
+        with self._lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+            self._running = None
+            giver, self._giver = self._giver, None
+        if giver is not None:
+            giver.put(None)  # it ends what is still queued first, if a session outlived the wait
+        for pool in pools:
+            pool.__exit__(None, None, None)
+
+
+POOL = SandboxPool()
+"""The process's one sandbox pool."""
 
 
 def shutdown_pool() -> None:
-    """Stop every sandbox process of every pool; the next `get_pool()` starts new pools."""
-    global _running
-    with _lock:
-        warm = list(_warming.values())
-        _warming.clear()
-    for entry in warm:
-        _drop(entry)
-    wait_given_back()
-    with _lock:
-        pools = list(_pools.values())
-        _pools.clear()
-        _running = None
-    for pool in pools:
-        pool.__exit__(None, None, None)
+    """Stop the process's sandbox pool (`SandboxPool.shutdown`): at exit, and before a command's `os._exit`."""
+    POOL.shutdown()
 
 
 atexit.register(shutdown_pool)

@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic_monty import (
@@ -45,17 +46,14 @@ from .._types import ComputeRequest, ComputeResult
 __all__ = ["compute_stretch"]
 
 
-def _checkout(request: ComputeRequest) -> MontySession:
+def _checkout(request: ComputeRequest) -> _pool.Checkout:
     # A loaded dump brings its own limits, `random` state and type-check context; a fresh REPL gets the seed the
     # workflow drew for it and the run's limits, exactly as workflow code would have checked it out.
-    session = _pool.get_compute_pool().checkout(
-        script_name="snippet.py",
-        limits=monty_limits(request.limits, escalating=True),
-        os_policy={"datetime": "call_host", "sleep": "call_host", "random_start": {"seed": request.seed}},
-    )
-    session.__enter__()
-    _pool.note_checkout(+1)
-    return session
+    return _pool.POOL.session({
+        "script_name": "snippet.py",
+        "limits": monty_limits(request.limits, escalating=True),
+        "os_policy": {"datetime": "call_host", "sleep": "call_host", "random_start": {"seed": request.seed}},
+    }, kind="compute")
 
 
 class _Stretch:
@@ -83,49 +81,53 @@ class _Stretch:
             printed = "".join(text for _stream, text in streams.output)
             return ComputeResult(kind=kind, printed=printed, seconds=time.monotonic() - started, **fields)
 
-        session = self._session = _checkout(request)
-        try:
-            if self._killed:
-                return result("crashed", error="the attempt was cancelled")
+        # Counted as checked out until the block ends, then ended; a process gone (crash, kill) is replaced.
+        with _checkout(request) as session:
+            self._session = session
             try:
-                state = decode_dump(request.state)
-                if request.start == "feed":
-                    if state is not None:
-                        session.load_session(state)
-                    # The snippet passed its type check in workflow code before its first stretch ran.
-                    snap: Any = session.feed_start(request.code, print_callback=streams, skip_type_check=True,
-                                                   cwd=request.cwd)
-                else:
-                    if state is None:
-                        return result("crashed", error="a snapshot start needs the program's dump")
-                    snap = session.load_snapshot(state, print_callback=streams)
-                for encoded in request.answers:
-                    answer = decode_answer(encoded)
-                    if isinstance(snap, MontyComplete) or (answer is NAME_LOOKUP) != isinstance(snap,
-                                                                                             NameLookupSnapshot):
-                        return result("crashed", error="the program did not repeat itself in the compute activity "
-                                      f"(it reached {type(snap).__name__} where workflow code had answered it)")
-                    snap = snap.resume() if answer is NAME_LOOKUP else snap.resume(answer)
-                if isinstance(snap, MontyComplete):
-                    return result("complete", output=jsonable(snap.output), state=encode_dump(session.dump()))
-                return result("suspended", state=encode_dump(snap.dump()))
-            except MontyRuntimeError as e:
-                if is_time_limit(e):
-                    return result("runaway", error=e.display("type-msg"))
-                try:
-                    after: str | None = encode_dump(session.dump())
-                except MontyError:
-                    after = None
-                return result("error", error=e.display("type-msg"), traceback=e.display(), state=after)
-            except MontyCrashedError as e:
-                return result("crashed", error="the attempt was cancelled" if self._killed else str(e))
-            except MontyError as e:
-                return result("crashed", error=f"{type(e).__name__}: {e}")
-        finally:
-            self._session = None
-            _pool.note_checkout(-1)
-            with contextlib.suppress(MontyError):  # the process may be gone (crash, kill): the pool replaces it
-                session.__exit__(None, None, None)
+                if self._killed:
+                    return result("crashed", error="the attempt was cancelled")
+                return self._compute(session, streams, result)
+            finally:
+                self._session = None
+
+    def _compute(self, session: MontySession, streams: CollectStreams,
+                 result: Callable[..., ComputeResult]) -> ComputeResult:
+        request = self._request
+        try:
+            state = decode_dump(request.state)
+            if request.start == "feed":
+                if state is not None:
+                    session.load_session(state)
+                # The snippet passed its type check in workflow code before its first stretch ran.
+                snap: Any = session.feed_start(request.code, print_callback=streams, skip_type_check=True,
+                                               cwd=request.cwd)
+            else:
+                if state is None:
+                    return result("crashed", error="a snapshot start needs the program's dump")
+                snap = session.load_snapshot(state, print_callback=streams)
+            for encoded in request.answers:
+                answer = decode_answer(encoded)
+                if isinstance(snap, MontyComplete) or (answer is NAME_LOOKUP) != isinstance(snap,
+                                                                                         NameLookupSnapshot):
+                    return result("crashed", error="the program did not repeat itself in the compute activity "
+                                  f"(it reached {type(snap).__name__} where workflow code had answered it)")
+                snap = snap.resume() if answer is NAME_LOOKUP else snap.resume(answer)
+            if isinstance(snap, MontyComplete):
+                return result("complete", output=jsonable(snap.output), state=encode_dump(session.dump()))
+            return result("suspended", state=encode_dump(snap.dump()))
+        except MontyRuntimeError as e:
+            if is_time_limit(e):
+                return result("runaway", error=e.display("type-msg"))
+            try:
+                after: str | None = encode_dump(session.dump())
+            except MontyError:
+                after = None
+            return result("error", error=e.display("type-msg"), traceback=e.display(), state=after)
+        except MontyCrashedError as e:
+            return result("crashed", error="the attempt was cancelled" if self._killed else str(e))
+        except MontyError as e:
+            return result("crashed", error=f"{type(e).__name__}: {e}")
 
 
 async def compute_stretch(request: ComputeRequest) -> ComputeResult:

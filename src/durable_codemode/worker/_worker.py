@@ -22,14 +22,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
-from .._pool import (
-    PoolSettings,
-    check_sandbox_binary,
-    close_if_idle,
-    configure_pool,
-    pool_uses,
-    reserve_task_slots,
-)
+from .._pool import POOL, PoolSettings, check_sandbox_binary
 from .._signing import ApproverKeyring
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
@@ -137,13 +130,13 @@ async def stop_idle_sandboxes(idle_seconds: float | None) -> None:
     """While a worker runs: stop the process's sandbox processes once no session was used for `idle_seconds`."""
     if idle_seconds is None:
         return
-    uses = pool_uses()
+    uses = POOL.uses()
     while True:
         await asyncio.sleep(idle_seconds)
-        if await asyncio.to_thread(close_if_idle, uses):  # stopping the processes waits for them to exit
+        if await asyncio.to_thread(POOL.close_if_idle, uses):  # stopping the processes waits for them to exit
             logger.info("no sandbox session for %g s: the Monty pool's processes were stopped; the next program "
                         "starts them again", idle_seconds)
-        uses = pool_uses()
+        uses = POOL.uses()
 
 
 def create_worker(
@@ -204,7 +197,7 @@ def create_worker(
     for agent in agents:
         agent.check_model()
     check_sandbox_binary()
-    settings = configure_pool(pool or PoolSettings())
+    settings = POOL.configure(pool or PoolSettings())
     slots = _workflow_task_slots(worker_options, settings)
     warm_up(client.data_converter, _PAYLOAD_TYPES)
     key = repl_key.encode() if isinstance(repl_key, str) else repl_key
@@ -224,7 +217,7 @@ def create_worker(
 
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
-        in_process = reserve_task_slots(slots)
+        in_process = POOL.reserve_task_slots(slots)
         if in_process > settings.max_processes:
             logger.warning(
                 "the code-mode workers of this process have %d workflow task slots and its Monty pool %d "
@@ -239,7 +232,7 @@ def create_worker(
                 yield
         finally:
             shrink.cancel()
-            reserve_task_slots(-slots)
+            POOL.reserve_task_slots(-slots)
             close_repls(task_queue)
 
     if tracing is None:

@@ -18,17 +18,18 @@ see `_SnippetDriver`): a replay reads it and never times anything. (Runs recorde
 A run holds a sandbox process only while its program computes, within one activation: whenever the program waits on
 Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back to the pool,
 and the next activation loads it into whichever process is free. (A program waiting on plain tool calls may keep
-its process instead, within the pool's hold budget, live and in replays: `_pool.try_hold`; so may a live run
-waiting on its model between snippets, and a fresh snippet may take a session warmed meanwhile: `Repl.run`,
-`Repl.reserve_session`.) So the pool bounds the
-workflow tasks computing at once, not the runs whose programs are live (see `PoolSettings`). Holding the process
-across the wait made every run past the pool's size fail its workflow tasks with `SandboxUnavailableError` until
-one was free: 40 runs of 100 sequential calls on a 4-process pool took minutes, with 200+ failed tasks.
+its process instead, within the pool's hold budget, live and in replays: `_pool.SandboxPool.try_hold`; so may a
+live run waiting on its model between snippets, and a fresh snippet may take a session warmed meanwhile:
+`Repl.run`, `Repl.reserve_session`.) So the pool bounds the workflow tasks computing at once, not the runs whose
+programs are live (see `PoolSettings`). Holding the process across the wait made every run past the pool's size
+fail its workflow tasks with `SandboxUnavailableError` until one was free: 40 runs of 100 sequential calls on a
+4-process pool took minutes, with 200+ failed tasks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -199,6 +200,8 @@ class Repl:
         self._start_tool = start_tool
         self.awaiting_person = awaiting_person
         self._session: pydantic_monty.MontySession | None = None
+        self._checked_out = contextlib.ExitStack()
+        """The checkout of `_session` (`SandboxPool.session`): closing it returns the session and counts it back."""
         self._tools = {t.name for t in spec.tools if t.in_sandbox}
         self._catalog: CatalogIndex | None = None
         self._idle_state: bytes | None = None
@@ -240,40 +243,33 @@ class Repl:
         replaying = _replaying()
         options = self._checkout_options(workflow.random().getrandbits(63) if seed is None else seed,
                                          replaying=replaying)
-        if warm_key is not None and not replaying:
-            warm = _pool.claim_warm_session(warm_key, options, timeout=_pool.WARM_UP_WAIT_SECONDS)
-            if warm is not None:
-                return self._opened(warm)
-        session = _pool.get_pool(replaying=replaying).checkout(**options)
+        checkout = _pool.POOL.session(options, kind="replay" if replaying else "live",
+                                      warm_key=None if replaying else warm_key)
         try:
-            session.__enter__()
+            session = self._checked_out.enter_context(checkout)
         except TimeoutError as e:
             raise SandboxUnavailableError(
                 "no Monty sandbox process was free in time; the workflow task will be retried. The process's "
                 "code-mode workers have more workflow task slots than its pool has processes: give them fewer "
                 "max_concurrent_workflow_tasks, or the pool more PoolSettings.max_processes."
             ) from e
-        return self._opened(session)
-
-    def _opened(self, session: pydantic_monty.MontySession) -> pydantic_monty.MontySession:
-        _pool.note_checkout(+1)
         _open_repls.setdefault(self._task_queue, set()).add(self)
         return session
 
     def reserve_session(self) -> None:
         """Before a model request: draw the next snippet's seed now, and (live) warm a fresh session with it.
 
-        A session's first type check costs ~15 ms (`_pool.prewarm_session`); drawn here, the seed is known while
-        the request is in flight, so a fresh session for the snippet it may bring can be warmed meanwhile. Runs
-        that record `AgentSpec.seeds_before_model_request` draw it here, whether a session is warmed or not (and
-        a replay warms none): the same draws, live and on replay. A reservation not yet taken stands.
+        A session's first type check costs ~15 ms (`_pool.SandboxPool.prewarm_session`); drawn here, the seed is
+        known while the request is in flight, so a fresh session for the snippet it may bring can be warmed
+        meanwhile. Runs that record `AgentSpec.seeds_before_model_request` draw it here, whether a session is
+        warmed or not (and a replay warms none): the same draws, live and on replay. A reservation not yet taken stands.
         """
         if self._reserved is not None:
             return
         key = f"{workflow.info().run_id}/{self._snippets}"
         self._reserved = (workflow.random().getrandbits(63), key)
         if not _replaying() and self._idle_state is None and self._session is None:
-            _pool.prewarm_session(key, self._checkout_options(self._reserved[0], replaying=False))
+            _pool.POOL.prewarm_session(key, self._checkout_options(self._reserved[0], replaying=False))
 
     def take_reserved_seed(self) -> tuple[int, str] | None:
         """The seed `reserve_session` drew for this snippet, with its warm session's key; `None` if none was."""
@@ -283,7 +279,7 @@ class Repl:
     def release_reservation(self) -> None:
         """The run ends: drop the session warmed for a snippet that will not come."""
         if self._reserved is not None:
-            _pool.discard_warm_session(self._reserved[1])
+            _pool.POOL.discard_warm_session(self._reserved[1])
             self._reserved = None
 
     @property
@@ -332,11 +328,10 @@ class Repl:
         session, self._session = self._session, None
         if self._kept:
             self._kept = False
-            _pool.release_hold()
+            _pool.POOL.release_hold()
         if session is not None:
-            _pool.note_checkout(-1)
             _open_repls.get(self._task_queue, set()).discard(self)
-            _pool.give_back(session)  # ended off the workflow thread; a process already gone is replaced
+            self._checked_out.close()  # ended off the workflow thread; a process already gone is replaced
 
     async def run(self, code: str, *, run_code_id: str, restart: bool) -> SnippetOutcome:
         """Feed one snippet and drive it to completion; never raises a `MontyError`."""
@@ -371,7 +366,7 @@ class Repl:
                 self._idle_state = None  # the process died after the snippet: the next one starts fresh
                 self.close()
                 return outcome
-            if self._may_keep_between_snippets() and _pool.try_hold():
+            if self._may_keep_between_snippets() and _pool.POOL.try_hold():
                 self._kept = True
             else:
                 self.close()
@@ -399,11 +394,11 @@ class Repl:
         (a dump loads only into a session nothing was fed).
         """
         if warm_key is not None and self._idle_state is not None:
-            _pool.discard_warm_session(warm_key)
+            _pool.POOL.discard_warm_session(warm_key)
             warm_key = None
         if self._kept and self._session is not None:  # the REPL's own session, kept since its last snippet
             self._kept = False
-            _pool.release_hold()  # now this workflow task's session, as a checkout would be
+            _pool.POOL.release_hold()  # now this workflow task's session, as a checkout would be
             self._idle_state = None
             return self._session, None
         self._session = self._checkout(seed=seed, warm_key=warm_key)
@@ -751,12 +746,12 @@ class _SnippetDriver:
             return snap  # too big to record without a payload store: a replay computes it again
         request = ComputeRequest(agent=self._spec.agent, run_code_id=self._run_code_id, start="computed",
                                  state=None, limits=limits, computed=outcome)
-        if outcome.kind == "suspended" and _pool.try_hold():
+        if outcome.kind == "suspended" and _pool.POOL.try_hold():
             # The program is where the record says: it keeps its process over the recording (see `_may_hold`).
             try:
                 return await self._went_over(request, keep=snap)
             finally:
-                _pool.release_hold()
+                _pool.POOL.release_hold()
         return await self._went_over(request)
 
     def _outcome_of(self, snap: Any, took: float) -> ComputeResult | None:
@@ -1023,12 +1018,12 @@ class _SnippetDriver:
         current: Any = snap
         if not any(f.done() for f in futures):
             for_people = self._waiting_on_people(ids)
-            if self._may_hold(ids, for_people) and _pool.try_hold():
+            if self._may_hold(ids, for_people) and _pool.POOL.try_hold():
                 # A short wait on tool calls: the program keeps its process, saving a dump and a load.
                 try:
                     await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    _pool.release_hold()
+                    _pool.POOL.release_hold()
             else:
                 # The program waits on Temporal: release its process for the wait (see the module docstring).
                 current = _Parked(self._repl.park(snap), draw_seed=for_people and not self._escalating)
@@ -1048,7 +1043,7 @@ class _SnippetDriver:
         return current, answers
 
     def _may_hold(self, ids: list[int], for_people: bool) -> bool:
-        """Whether the program may keep its process while it waits on `ids` (see `_pool.try_hold`).
+        """Whether the program may keep its process while it waits on `ids` (see `_pool.SandboxPool.try_hold`).
 
         Only in runs with compute escalation, only for waits on tool calls (not people, not timers: both can be
         long), and only while the last dump is recent enough to compute from again (a process that dies while
