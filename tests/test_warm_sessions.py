@@ -47,6 +47,9 @@ async def test_a_fresh_snippet_runs_in_the_session_warmed_during_its_model_reque
     def first_turn(messages: Any) -> RunCode:
         # The model activity runs in this process, while the workflow task that asked for it has ended.
         warming_at_request.append(_pool.POOL.warm_sessions()[0])
+        # A session still waiting for its process when the snippet checks out is not waited for (the snippet takes
+        # a cold one): on a cold machine the pool's first process can take longer than this request. Wait for it.
+        _warming_threads_done()
         return RunCode(SEEDED)
 
     _, claimed_before = _pool.POOL.warm_sessions()
