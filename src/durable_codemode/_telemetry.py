@@ -33,16 +33,22 @@ How the workflow-side spans get real durations and never duplicate on replay:
 Off (the default), nothing here runs: the workflow's hooks hand their awaitables back unchanged, and neither
 `opentelemetry-sdk` nor `temporalio.contrib.opentelemetry` is imported. On, the library still uses only the
 OpenTelemetry API; the user brings the SDK and the exporter.
+
+The spans are one observer of a run (`RunTelemetry`), attached by the tracing interceptor; the history tools'
+replays attach another (`history/_capture`), through the same interface (`observe_run`): what a run does is
+observed there, never through the workflow's own methods.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import Token
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -66,6 +72,7 @@ from ._names import (
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
+    from ._approvals import ApprovalRecord, PendingApproval
     from ._types import CallRecord, RunResult
     from .workflow._approval_state import Approvals
     from .workflow._sandbox import Settled, SnippetOutcome
@@ -73,9 +80,11 @@ if TYPE_CHECKING:
 __all__ = [
     "NO_TELEMETRY",
     "TRACER_NAME",
+    "ApprovalState",
     "RunTelemetry",
     "client_interceptors",
     "has_tracing_interceptor",
+    "observe_run",
     "run_telemetry",
     "worker_interceptors",
 ]
@@ -85,11 +94,8 @@ T = TypeVar("T")
 TRACER_NAME = "durable_codemode"
 """The instrumentation scope of every span this library makes."""
 
-_TRACED_FLAG = "_durable_codemode_traced"
-"""Set on a workflow instance by `_CodeModeTracingInterceptor`: this worker traces its runs."""
-
-_TELEMETRY_ATTR = "_durable_codemode_telemetry"
-"""The run's `_TracedRun`, on its workflow instance, for the continue-as-new interceptor."""
+_OBSERVERS_ATTR = "_durable_codemode_observers"
+"""The observers attached to a workflow run (`observe_run`), on its workflow instance."""
 
 _MAX_CODE_CHARS = 8192
 """A snippet's code is an attribute of its span up to this many characters (the line count is always whole)."""
@@ -174,15 +180,36 @@ def _close(span: Span, error: BaseException) -> None:
     # Anything else fails the workflow task; its retry re-creates the span with the same id.
 
 
-class RunTelemetry:
-    """The spans of one workflow run. This base is the "off" case: every hook returns its awaitable unchanged."""
+@dataclass(frozen=True)
+class ApprovalState:
+    """What a run waits for and what was decided, as it stands (`RunTelemetry.approvals`)."""
 
-    enabled = False
+    pending: list[PendingApproval]
+    """The calls waiting for a person, its child runs' included, as the `pending_approvals` query lists them."""
+    audit: list[ApprovalRecord]
+    """Every decision so far, in order, those the run started with included."""
+
+
+class RunTelemetry:
+    """An observer of one workflow run: the hooks the run workflow calls at each of its steps.
+
+    Two kinds of hook: the wrapping ones (`run`, `model_request`, `snippet`, `call`) get the step's awaitable
+    and return one that awaits it (a span around it); the notices (`approvals`, `call_made`,
+    `run_code_refused`) return nothing. An observer must not change what the workflow does: it issues no
+    command, and a wrapped awaitable's result (or exception) is handed on as it is.
+
+    Observers are attached to a run before it starts, by a workflow interceptor (`observe_run`): the spans of a
+    tracing worker, and the history tools' replays (`history/_capture`). This base is the "off" case: every hook
+    returns its awaitable unchanged and ignores its notices.
+    """
 
     def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
             ) -> Coroutine[Any, Any, RunResult[Any]]:
         """The run span around the run's loop."""
         return coro
+
+    def approvals(self, state: Callable[[], ApprovalState]) -> None:
+        """As the run starts, before it awaits anything: `state()` reads the run's approvals at any later moment."""
 
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
                       ) -> Coroutine[Any, Any, ModelResponse]:
@@ -193,6 +220,19 @@ class RunTelemetry:
                 ) -> Coroutine[Any, Any, SnippetOutcome]:
         """A `run_code` span around the snippet; the calls it makes become its children."""
         return coro
+
+    def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
+        """A `run_code` call with arguments it does not take: no snippet runs, the model is asked again.
+
+        `args` as the model sent them (`{}` if they were not JSON).
+        """
+
+    def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
+        """The program makes a tool call at `line` (1-based) of its `code`, or the model does (`line` 0, no code).
+
+        The first thing the workflow does with the call, before it counts it against the usage limits or asks
+        its approval rule: either may stop the workflow task, and an observer then still knows which call did.
+        """
 
     def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
              args: dict[str, Any], approvals: Approvals) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
@@ -206,12 +246,84 @@ class RunTelemetry:
 
 
 NO_TELEMETRY = RunTelemetry()
-"""Tracing off."""
+"""No observer."""
+
+
+class _Observers(RunTelemetry):
+    """Several observers of one run as one: each notice goes to all, each awaitable is wrapped by all.
+
+    The first attached wraps outermost.
+    """
+
+    def __init__(self, observers: Sequence[RunTelemetry]) -> None:
+        self._all = list(observers)
+
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+            ) -> Coroutine[Any, Any, RunResult[Any]]:
+        for observer in reversed(self._all):
+            coro = observer.run(coro, agent=agent, run_index=run_index)
+        return coro
+
+    def approvals(self, state: Callable[[], ApprovalState]) -> None:
+        for observer in self._all:
+            observer.approvals(state)
+
+    def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
+                      ) -> Coroutine[Any, Any, ModelResponse]:
+        for observer in reversed(self._all):
+            coro = observer.model_request(coro, turn=turn, model=model)
+        return coro
+
+    def snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], *, call_id: str, code: str
+                ) -> Coroutine[Any, Any, SnippetOutcome]:
+        for observer in reversed(self._all):
+            coro = observer.snippet(coro, call_id=call_id, code=code)
+        return coro
+
+    def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
+        for observer in self._all:
+            observer.run_code_refused(call_id=call_id, args=args)
+
+    def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
+        for observer in self._all:
+            observer.call_made(tool=tool, call_id=call_id, args=args, code=code, line=line)
+
+    def call(self, coro: Coroutine[Any, Any, tuple[Settled, CallRecord]], *, tool: str, call_id: str,
+             args: dict[str, Any], approvals: Approvals) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
+        for observer in reversed(self._all):
+            coro = observer.call(coro, tool=tool, call_id=call_id, args=args, approvals=approvals)
+        return coro
+
+    @contextmanager
+    def run_parent(self) -> Iterator[None]:
+        with contextlib.ExitStack() as parents:
+            for observer in self._all:
+                parents.enter_context(observer.run_parent())
+            yield
+
+
+def observe_run(observer: RunTelemetry) -> None:
+    """Attach `observer` to the current workflow run: from a workflow inbound interceptor's `execute_workflow`.
+
+    The run workflow asks for its observers as its run starts (`run_telemetry`); one attached later sees nothing.
+    """
+    instance = workflow.instance()
+    observers: list[RunTelemetry] | None = getattr(instance, _OBSERVERS_ATTR, None)
+    if observers is None:
+        observers = []
+        setattr(instance, _OBSERVERS_ATTR, observers)
+    observers.append(observer)
+
+
+def run_telemetry() -> RunTelemetry:
+    """The observers attached to the current workflow run (`observe_run`), as one; `NO_TELEMETRY` if none."""
+    observers: list[RunTelemetry] = getattr(workflow.instance(), _OBSERVERS_ATTR, [])
+    if not observers:
+        return NO_TELEMETRY
+    return observers[0] if len(observers) == 1 else _Observers(observers)
 
 
 class _TracedRun(RunTelemetry):
-    enabled = True
-
     def __init__(self) -> None:
         self._tracer = trace.get_tracer(TRACER_NAME)
         self._parent: Context | None = None
@@ -331,33 +443,27 @@ class _TracedRun(RunTelemetry):
         return settled, record
 
 
-def run_telemetry() -> RunTelemetry:
-    """The telemetry of the current workflow run: traced when this worker was created with tracing on."""
-    instance = workflow.instance()
-    if not getattr(instance, _TRACED_FLAG, False):
-        return NO_TELEMETRY
-    telemetry = _TracedRun()
-    setattr(instance, _TELEMETRY_ATTR, telemetry)
-    return telemetry
-
-
 # -- interceptors --------------------------------------------------------------------------------------------
 
 
 class _WorkflowInbound(temporalio.worker.WorkflowInboundInterceptor):
     def init(self, outbound: temporalio.worker.WorkflowOutboundInterceptor) -> None:
-        super().init(_WorkflowOutbound(outbound))
+        self._outbound = _WorkflowOutbound(outbound)
+        super().init(self._outbound)
 
     async def execute_workflow(self, input: temporalio.worker.ExecuteWorkflowInput) -> Any:
-        setattr(workflow.instance(), _TRACED_FLAG, True)
+        self._outbound.traced = _TracedRun()
+        observe_run(self._outbound.traced)
         return await super().execute_workflow(input)
 
 
 class _WorkflowOutbound(temporalio.worker.WorkflowOutboundInterceptor):
+    traced: RunTelemetry = NO_TELEMETRY
+    """The run's spans, once it runs."""
+
     def continue_as_new(self, input: temporalio.worker.ContinueAsNewInput) -> NoReturn:
         # Outermost of the outbound interceptors, so Temporal's (next) puts this context into the new run's header.
-        telemetry = getattr(workflow.instance(), _TELEMETRY_ATTR, NO_TELEMETRY)
-        with telemetry.run_parent():
+        with self.traced.run_parent():
             super().continue_as_new(input)
 
 

@@ -9,6 +9,8 @@ so a line appears as soon as the server records the event, and nothing runs in t
   (`call_3: 120/200 done`) at most every `progress_every` seconds and when the last one finishes; errors always;
 - continue-as-new is followed into the next run.
 
+The events are decoded by `history/_events.RunReader`, the one reader `codemode trace` and the replay reports use.
+
 It stops when the run closes, or when it can go no further without a person: a pending approval (asked of the
 run by the `pending_approvals` query after the history has been quiet for a moment) and no call in flight. Then
 it prints what waits and the commands that decide it.
@@ -40,8 +42,8 @@ from .._names import (
     tool_of_activity_type,
 )
 from .._results import code_lines, preview, printable
-from .._types import RunResult, ToolCallInput
-from ..history._read import _decode, _read_marker, _summary, failure_text
+from .._types import RunResult
+from ..history._events import RecordedActivity, RecordedRun, RunReader
 from ..workflow._run import CodeModeRunWorkflow
 
 __all__ = ["WatchOutcome", "watch_run"]
@@ -106,78 +108,79 @@ class _Follower:
         name = call_id.rsplit(".", 1)[0] if "." in call_id else call_id
         return name, self._snippets.setdefault(name, _Snippet())
 
-    def event(self, event: HistoryEvent) -> WatchOutcome | str | None:
+    def event(self, reader: RunReader, event: HistoryEvent) -> WatchOutcome | str | None:
         """Print what `event` says; a closing event gives the outcome (or the next run id, for continue-as-new)."""
-        kind = event.WhichOneof("attributes")
-        if kind == "activity_task_scheduled_event_attributes":
-            attrs = event.activity_task_scheduled_event_attributes
-            activity_type = attrs.activity_type.name
-            summary = _summary(event) or attrs.activity_id
-            if activity_type == MODEL_REQUEST_ACTIVITY:
-                self._models[event.event_id] = summary
+        read = reader.read(event)
+        act = read.activity
+        if read.task_failure is not None:
+            self.say(f"! a workflow task failed (Temporal retries it): {read.task_failure[:300]}")
+        elif read.closed:
+            return self._closed(reader.run)
+        elif act is None or act.activity_type == DESCRIBE_AGENT_ACTIVITY:
+            pass
+        elif act.local:  # recorded once finished: opened and closed at once
+            if act.activity_type != MODEL_REQUEST_ACTIVITY:
+                label = act.activity_id.rsplit("-", 1)[0] + f" {act.activity_type.rsplit('.', 1)[-1]}() (local)"
+                self._started(-act.event_id, label, act.activity_id, event.event_time.ToNanoseconds(), quiet=True)
+                self._closed_call(-act.event_id, act, "")
+        elif read.opened:
+            summary = act.summary or act.activity_id
+            if act.activity_type == MODEL_REQUEST_ACTIVITY:
+                self._models[act.event_id] = summary
                 self.say(f"{summary} …")
-            elif activity_type != DESCRIBE_AGENT_ACTIVITY:
-                payload = _decode(attrs.input, ToolCallInput)
-                # Compact inputs (`AgentSpec.compact_tool_calls`) leave the tool and call id to the activity.
-                label = _label(payload.call_id or call_id_of_activity(attrs.activity_id),
-                               payload.tool or tool_of_activity_type(activity_type),
-                               payload.args) if isinstance(payload, ToolCallInput) else summary
-                self._started(event.event_id, label, attrs.activity_id, event.event_time.ToNanoseconds())
-        elif kind in ("activity_task_completed_event_attributes", "activity_task_failed_event_attributes",
-                      "activity_task_timed_out_event_attributes", "activity_task_canceled_event_attributes"):
-            attrs_any = getattr(event, kind)
-            scheduled = attrs_any.scheduled_event_id
-            if scheduled in self._models:
-                turn = self._models.pop(scheduled)
-                if kind == "activity_task_completed_event_attributes":
-                    self._model_answered(turn, _decode(attrs_any.result, ModelResponse))
-                else:
-                    self.say(f"{turn}: the model request failed: {self._failure(event, kind)}")
-            elif scheduled in self._calls:
-                call = self._calls.pop(scheduled)
-                elapsed = (event.event_time.ToNanoseconds() - call.scheduled_ns) / 1e6
-                if kind == "activity_task_completed_event_attributes":
-                    self._finished(call, f"ok {elapsed:.0f} ms → {preview(_decode(attrs_any.result), 60)}", False)
-                else:
-                    self._finished(call, self._failure(event, kind), True)
-        elif kind == "marker_recorded_event_attributes":
-            local = _read_marker(event)
-            if local is not None and local.activity_type not in (DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY):
-                label = local.activity_id.rsplit("-", 1)[0] + f" {local.activity_type.rsplit('.', 1)[-1]}() (local)"
-                self._started(-event.event_id, label, local.activity_id, event.event_time.ToNanoseconds(),
-                              quiet=True)
-                call = self._calls.pop(-event.event_id)
-                if local.closed == "failed":
-                    self._finished(call, local.failure or "failed", True)
-                else:
-                    self._finished(call, f"ok → {preview(local.result, 60)}", False)
-        elif kind == "workflow_task_failed_event_attributes":
-            attrs_wtf = event.workflow_task_failed_event_attributes
-            self.say(f"! a workflow task failed (Temporal retries it): {failure_text(attrs_wtf.failure)[:300]}")
-        elif kind == "workflow_execution_completed_event_attributes":
-            result = _decode(event.workflow_execution_completed_event_attributes.result, RunResult[Any])
-            return WatchOutcome("completed", result=result if isinstance(result, RunResult) else None)
-        elif kind == "workflow_execution_failed_event_attributes":
-            failure = event.workflow_execution_failed_event_attributes.failure
-            return WatchOutcome("failed", failure=failure_text(failure))
-        elif kind == "workflow_execution_terminated_event_attributes":
-            return WatchOutcome("terminated", failure=event.workflow_execution_terminated_event_attributes.reason)
-        elif kind == "workflow_execution_canceled_event_attributes":
-            return WatchOutcome("cancelled")
-        elif kind == "workflow_execution_timed_out_event_attributes":
-            return WatchOutcome("timed-out")
-        elif kind == "workflow_execution_continued_as_new_event_attributes":
-            self.say("… continued as new (a fresh workflow run; the conversation goes on)")
-            return event.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            else:
+                self._started(act.event_id, self._call_label(act, summary), act.activity_id,
+                              event.event_time.ToNanoseconds())
+        elif act.event_id in self._models:
+            turn = self._models.pop(act.event_id)
+            if act.closed == "completed":
+                self._model_answered(turn, act.result)
+            else:
+                self.say(f"{turn}: the model request failed: {self._failure(act)}")
+        elif act.event_id in self._calls:
+            elapsed = (event.event_time.ToNanoseconds() - self._calls[act.event_id].scheduled_ns) / 1e6
+            self._closed_call(act.event_id, act, f" {elapsed:.0f} ms")
         return None
 
     @staticmethod
-    def _failure(event: HistoryEvent, kind: str) -> str:
-        if kind == "activity_task_failed_event_attributes":
-            return failure_text(event.activity_task_failed_event_attributes.failure)
-        if kind == "activity_task_timed_out_event_attributes":
-            return "timed out: " + failure_text(event.activity_task_timed_out_event_attributes.failure)
+    def _call_label(act: RecordedActivity, summary: str) -> str:
+        payload = act.input
+        if not isinstance(payload, dict) or not isinstance(payload.get("args"), dict):
+            return summary
+        # Compact inputs (`AgentSpec.compact_tool_calls`) leave the tool and call id to the activity.
+        return _label(str(payload.get("call_id") or call_id_of_activity(act.activity_id)),
+                      str(payload.get("tool") or tool_of_activity_type(act.activity_type)), payload["args"])
+
+    def _closed_call(self, event_id: int, act: RecordedActivity, elapsed: str) -> None:
+        call = self._calls.pop(event_id)
+        if act.closed == "completed":
+            self._finished(call, f"ok{elapsed} → {preview(act.result, 60)}", False)
+        else:
+            self._finished(call, self._failure(act), True)
+
+    @staticmethod
+    def _failure(act: RecordedActivity) -> str:
+        if act.closed == "failed":
+            return act.failure or "failed"
+        if act.closed == "timed_out":
+            return f"timed out: {act.failure}"
         return "cancelled"
+
+    @staticmethod
+    def _closed(run: RecordedRun) -> WatchOutcome | str:
+        """How the run closed; the next run's id when it continued as new."""
+        status, failure = run.run.status, run.run.failure
+        if status == "continued_as_new" and run.run.continued_as:
+            return run.run.continued_as
+        if status == "completed":
+            return WatchOutcome("completed", result=run.result)
+        if status == "failed":
+            return WatchOutcome("failed", failure=failure)
+        if status == "terminated":
+            return WatchOutcome("terminated", failure=failure)
+        if status == "cancelled":
+            return WatchOutcome("cancelled")
+        return WatchOutcome("timed-out")
 
     def _model_answered(self, turn: str, response: object) -> None:
         if not isinstance(response, ModelResponse):
@@ -253,6 +256,7 @@ async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = No
                 raise RunNotFoundError(workflow_id, client.service_client.config.target_host) from e
             raise
     token = b""
+    reader = RunReader(workflow_id, run_id)
     told_waiting: set[str] = set()
     while True:
         request = GetWorkflowExecutionHistoryRequest(
@@ -266,12 +270,14 @@ async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = No
             response = None
         if response is not None:
             for event in response.history.events:
-                outcome = follower.event(event)
+                outcome = follower.event(reader, event)
                 if isinstance(outcome, WatchOutcome):
                     follower.progress(final=True)
                     return outcome
                 if isinstance(outcome, str):  # continued as new: follow the next run from its start
+                    follower.say("… continued as new (a fresh workflow run; the conversation goes on)")
                     run_id, token = outcome, b""
+                    reader = RunReader(workflow_id, run_id)
                     break
             else:
                 token = response.next_page_token

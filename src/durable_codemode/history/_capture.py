@@ -6,10 +6,10 @@ snippet, line and arguments that was, the replay is watched from three places, n
 workflow does:
 - an outbound interceptor records every command the replayed workflow issues (activities with their inputs, in
   the order that gives their sequence numbers, and continue-as-new with its input);
-- the run workflow's instance is wrapped where a snippet starts and ends, and where a tool call is made, to learn
-  each call's source line and each replayed snippet's outcome;
-- a workflow runner around Temporal's unsandboxed one reads the pending approvals and the decisions after every
-  activation but the eviction, so a replay of an open run ends with what the run is waiting for.
+- the run's observer (`_telemetry.RunTelemetry`, attached by `observe_run` as tracing's spans are) learns each
+  call's source line and each replayed snippet's outcome, and is handed the run's approval state;
+- a workflow runner around Temporal's unsandboxed one reads that approval state after every activation but the
+  eviction, so a replay of an open run ends with what the run is waiting for.
 
 No activity runs: the replayer answers every command from the history. No server is needed.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +46,9 @@ from temporalio.worker import (
 
 from .._approvals import ApprovalRecord, PendingApproval
 from .._converter import DATA_CONVERTER
+from .._telemetry import ApprovalState, RunTelemetry, observe_run
 from ..workflow._run import CodeModeRunWorkflow
+from ..workflow._sandbox import SnippetOutcome
 
 __all__ = [
     "ReplayCapture",
@@ -180,50 +182,45 @@ class _Outbound(WorkflowOutboundInterceptor):
         return super().continue_as_new(input)
 
 
-def _watch(obj: CodeModeRunWorkflow, capture: ReplayCapture) -> None:
-    """Wrap the instance's call and snippet entry points (private to the run workflow; see the module docstring).
+class _CapturingObserver(RunTelemetry):
+    """The run's observer in a replay (`_telemetry.observe_run`): each call's source line, each snippet's outcome."""
 
-    If a later version renames them, the replay still works and only the extra detail is lost;
-    `tests/test_debugging.py` asserts the detail, so such a rename is noticed.
-    """
-    start_tool: Callable[..., Any] | None = getattr(obj, "_start_tool", None)
-    run_code: Callable[..., Awaitable[Any]] | None = getattr(obj, "_run_code", None)
-    if start_tool is None or run_code is None:
-        return
-    capture.watched = True
+    def __init__(self, capture: ReplayCapture, states: dict[str, Callable[[], ApprovalState]]) -> None:
+        self._capture = capture
+        self._states = states
 
-    def watched_start_tool(tool: str, args: dict[str, Any], call_id: str, site: Any) -> Any:
-        capture.calls[call_id] = ReplayedCall(call_id=call_id, tool=tool, args=dict(args),
-                                              code=getattr(site, "code", ""), line=getattr(site, "line", 0))
-        return start_tool(tool, args, call_id, site)
+    def approvals(self, state: Callable[[], ApprovalState]) -> None:
+        self._capture.watched = True
+        self._states[workflow.info().run_id] = state
 
-    async def watched_run_code(call: Any, repl: Any, turn: Any) -> Any:
-        args = call.args_as_dict() if hasattr(call, "args_as_dict") else {}
-        snippet = ReplayedSnippet(call_id=call.tool_call_id, code=str(args.get("code", "")))
-        capture.snippets.append(snippet)
-        part, outcome = await run_code(call, repl, turn)
-        if outcome is not None:
+    def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
+        self._capture.calls[call_id] = ReplayedCall(call_id=call_id, tool=tool, args=dict(args), code=code, line=line)
+
+    def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
+        self._capture.snippets.append(ReplayedSnippet(call_id=call_id, code=str(args.get("code", "")),
+                                                      outcome="rejected"))
+
+    def snippet(self, coro: Coroutine[Any, Any, SnippetOutcome], *, call_id: str, code: str
+                ) -> Coroutine[Any, Any, SnippetOutcome]:
+        snippet = ReplayedSnippet(call_id=call_id, code=code)
+        self._capture.snippets.append(snippet)
+
+        async def watched() -> SnippetOutcome:
+            outcome = await coro
             snippet.outcome, snippet.content = outcome.kind, outcome.content
-        else:
-            snippet.outcome = "rejected"
-        return part, outcome
+            return outcome
 
-    # Instance attributes shadow the methods; the workflow looks them up on `self` at each call.
-    obj._start_tool = watched_start_tool  # type: ignore[method-assign]
-    obj._run_code = watched_run_code  # type: ignore[method-assign]
+        return watched()
 
 
-def _interceptor(capture: ReplayCapture, instances: dict[str, CodeModeRunWorkflow]) -> Interceptor:
+def _interceptor(capture: ReplayCapture, states: dict[str, Callable[[], ApprovalState]]) -> Interceptor:
     class Inbound(WorkflowInboundInterceptor):
         def init(self, outbound: WorkflowOutboundInterceptor) -> None:
             super().init(_Outbound(outbound, capture))
 
         async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
-            obj = workflow.instance()
-            if isinstance(obj, CodeModeRunWorkflow):
-                instances[workflow.info().run_id] = obj
-                capture.run_id = workflow.info().run_id
-                _watch(obj, capture)
+            capture.run_id = workflow.info().run_id
+            observe_run(_CapturingObserver(capture, states))
             return await super().execute_workflow(input)
 
     class Watching(Interceptor):
@@ -239,20 +236,19 @@ class _WatchedInstance(WorkflowInstance):
     """Delegates to Temporal's instance; after each activation but the eviction, copies the approval state."""
 
     def __init__(self, inner: WorkflowInstance, capture: ReplayCapture,
-                 instances: dict[str, CodeModeRunWorkflow]) -> None:
+                 states: dict[str, Callable[[], ApprovalState]]) -> None:
         self._inner = inner
         self._capture = capture
-        self._instances = instances
+        self._states = states
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         completion = self._inner.activate(act)
         # The eviction cancels every task, and a cancelled approval wait takes its question back: read before.
         if not any(job.HasField("remove_from_cache") for job in act.jobs):
-            obj = self._instances.get(act.run_id)
-            if obj is not None:
-                self._capture.pending = obj.pending_approvals()
-                approvals = getattr(obj, "_approvals", None)
-                self._capture.audit = list(getattr(approvals, "audit", []))
+            state = self._states.get(act.run_id)
+            if state is not None:
+                now = state()
+                self._capture.pending, self._capture.audit = now.pending, now.audit
         return completion
 
     def get_serialization_context(self, command_info: Any) -> Any:
@@ -269,16 +265,16 @@ class _WatchedInstance(WorkflowInstance):
 
 
 class _WatchingRunner(WorkflowRunner):
-    def __init__(self, capture: ReplayCapture, instances: dict[str, CodeModeRunWorkflow]) -> None:
+    def __init__(self, capture: ReplayCapture, states: dict[str, Callable[[], ApprovalState]]) -> None:
         self._inner = UnsandboxedWorkflowRunner()
         self._capture = capture
-        self._instances = instances
+        self._states = states
 
     def prepare_workflow(self, defn: Any) -> None:
         self._inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _WatchedInstance(self._inner.create_instance(det), self._capture, self._instances)
+        return _WatchedInstance(self._inner.create_instance(det), self._capture, self._states)
 
 
 _quiet_runtime: Runtime | None = None
@@ -309,12 +305,12 @@ async def replay_history(history: WorkflowHistory, *, runtime: Runtime | None = 
     Never raises for a failed replay: the failure is in `ReplayCapture.failure`.
     """
     capture = ReplayCapture()
-    instances: dict[str, CodeModeRunWorkflow] = {}
+    states: dict[str, Callable[[], ApprovalState]] = {}
     replayer = Replayer(
         workflows=[CodeModeRunWorkflow],
         data_converter=DATA_CONVERTER,
-        workflow_runner=_WatchingRunner(capture, instances),
-        interceptors=[_interceptor(capture, instances)],
+        workflow_runner=_WatchingRunner(capture, states),
+        interceptors=[_interceptor(capture, states)],
         runtime=runtime,
         debug_mode=True,  # offline: no 2 s deadlock detector, so no replay depends on this machine's speed
     )

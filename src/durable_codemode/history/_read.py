@@ -13,35 +13,25 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.usage import RunUsage
-from temporalio.api.common.v1 import Payload, Payloads
-from temporalio.api.failure.v1 import Failure
-from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHistory
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
 from .._approvals import (
     APPROVE_SIGNAL,
-    DECIDE_ALL_UPDATE,
-    DECIDE_UPDATE,
-    DENY_SIGNAL,
-    ApprovalDecision,
     ApprovalRecord,
     PendingApproval,
 )
-from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError, RunNotFoundError
 from .._names import (
     AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
-    DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
     OUTPUT_ACTIVITY,
     OUTPUT_CHECK_SUMMARY,
@@ -49,21 +39,19 @@ from .._names import (
     RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
     call_id_of_activity,
-    tool_activity_type,
     tool_of_activity_type,
 )
 from .._results import preview
 from .._storage import env_stores, resolve_history
-from .._tool_usage import split_usage
-from .._types import AgentSpec, Continuation, ModelRequestInput, RunInput, RunResult, TurnRecord
+from .._types import Continuation, ModelRequestInput, TurnRecord
 from ._capture import ReplayCapture, failure_message, replay_history
+from ._events import RecordedActivity, RecordedRun, failure_text, read_run
 from ._fetch import fetch_chain
 from ._trace import (
     CallStatus,
     RunTrace,
     TraceApproval,
     TraceCall,
-    TraceRun,
     TraceSnippet,
     TraceTurn,
     call_order,
@@ -72,15 +60,13 @@ from ._trace import (
     trace_turns_of,
 )
 
-__all__ = ["failure_text", "parse_histories", "trace_histories", "trace_run"]
+__all__ = ["parse_histories", "trace_histories", "trace_run"]
 
 _PREVIEW = 200
 """Characters of a result, error or argument preview."""
 
 _RULE_UNKNOWN = "this process does not know it"
 """From `approval_rule`'s error: a replay needs the agent's approval rules (`--worker MODULE`)."""
-
-_LOCAL_ACTIVITY_MARKER = "core_local_activity"
 
 
 def _output_check(activity: RecordedActivity) -> str:
@@ -95,272 +81,6 @@ def _output_check(activity: RecordedActivity) -> str:
     said = [p.get("content") for p in retry.get("parts", []) if isinstance(p, dict)]
     return "rejected, the model was asked again: " + "; ".join(
         c if isinstance(c, str) else json.dumps(c, default=str) for c in said if c)
-"""The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""
-
-
-# -- decoding ------------------------------------------------------------------------------------------------
-
-
-def _decode(payloads: Payloads | Sequence[Payload], kind: Any = None) -> Any:
-    items = list(payloads.payloads) if isinstance(payloads, Payloads) else list(payloads)
-    if not items:
-        return None
-    try:
-        return DATA_CONVERTER.payload_converter.from_payload(items[0], kind)
-    except Exception:  # a payload of another shape (an older version, a hand-edited file): show it raw
-        try:
-            return json.loads(items[0].data)
-        except ValueError:
-            return items[0].data.decode(errors="replace")
-
-
-def _time(event: HistoryEvent) -> datetime:
-    return event.event_time.ToDatetime(tzinfo=UTC)
-
-
-def failure_text(failure: Failure) -> str:
-    """`Type: message` of a failure, with its causes' messages when they say more (outermost first)."""
-    told: list[str] = []
-    current: Failure | None = failure
-    while current is not None and current.ByteSize():
-        kind = current.application_failure_info.type if current.HasField("application_failure_info") else ""
-        if current.HasField("timeout_failure_info"):
-            kind = "timed out"
-        message = current.message.strip()
-        text = f"{kind}: {message}" if kind and not message.startswith(kind) else message
-        if text and not any(text in t for t in told):
-            told.append(text)
-        current = current.cause if current.HasField("cause") else None
-    return ": ".join(told) or "failed"
-
-
-def _summary(event: HistoryEvent) -> str | None:
-    if not event.HasField("user_metadata") or not event.user_metadata.HasField("summary"):
-        return None
-    value = _decode([event.user_metadata.summary])
-    return value if isinstance(value, str) else None
-
-
-# -- parsing one run -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class RecordedActivity:
-    """A model request or tool call as the history recorded it (a local activity: from its marker)."""
-
-    activity_type: str
-    activity_id: str
-    scheduled_at: datetime
-    input: Any
-    summary: str | None
-    local: bool = False
-    attempts: int = 0
-    last_failure: str | None = None
-    closed: str | None = None
-    """`completed`, `failed`, `timed_out`, `cancelled`; `None` while open."""
-    finished_at: datetime | None = None
-    result: Any = None
-    failure: str | None = None
-    cancel_requested: bool = False
-    event_id: int = 0
-    """The event that scheduled it (or its marker)."""
-    usage: RunUsage | None = None
-    """A tool call's own model use (a sub-agent it ran), counted in the run's usage (`_tool_usage`)."""
-    child_run_id: str | None = None
-    """A `child_run_tool` call: the child run it started (a workflow, not an activity)."""
-
-
-@dataclass
-class RecordedRun:
-    """One history, read: the raw material `parse_histories` assembles into the trace."""
-
-    run: TraceRun
-    input: RunInput
-    spec: AgentSpec | None = None
-    activities: list[RecordedActivity] = field(default_factory=list)
-    records: list[ApprovalRecord] = field(default_factory=list)
-    signals: list[tuple[str, ApprovalDecision]] = field(default_factory=list)
-    result: RunResult[Any] | None = None
-    next_input: RunInput | None = None
-
-
-def _read_marker(event: HistoryEvent) -> RecordedActivity | None:
-    attrs = event.marker_recorded_event_attributes
-    if attrs.marker_name != _LOCAL_ACTIVITY_MARKER or "data" not in attrs.details:
-        return None
-    data = _decode(attrs.details["data"])
-    if not isinstance(data, dict):
-        return None
-    activity = RecordedActivity(
-        activity_type=str(data.get("activity_type", "")), activity_id=str(data.get("activity_id", "")),
-        scheduled_at=_time(event), input=None, summary=None, local=True, attempts=int(data.get("attempt") or 1),
-        closed="completed", finished_at=_time(event), event_id=event.event_id)
-    scheduled = data.get("original_schedule_time")
-    if isinstance(scheduled, dict) and "seconds" in scheduled:
-        activity.scheduled_at = datetime.fromtimestamp(scheduled["seconds"] + scheduled.get("nanos", 0) / 1e9, UTC)
-    if attrs.HasField("failure"):
-        activity.closed, activity.failure = "failed", failure_text(attrs.failure)
-    elif "result" in attrs.details:
-        kind = AgentSpec if activity.activity_type == DESCRIBE_AGENT_ACTIVITY else None
-        activity.result, activity.usage = split_usage(_decode(attrs.details["result"], kind))
-    return activity
-
-
-_CHILD_CLOSED = {
-    "child_workflow_execution_started_event_attributes": None,
-    "child_workflow_execution_completed_event_attributes": "completed",
-    "child_workflow_execution_failed_event_attributes": "failed",
-    "child_workflow_execution_timed_out_event_attributes": "timed_out",
-    "child_workflow_execution_canceled_event_attributes": "cancelled",
-    "child_workflow_execution_terminated_event_attributes": "failed",
-}
-"""What a child run's events say about the `child_run_tool` call that started it (`None`: it started)."""
-
-
-def _child_call(parent_id: str, event: HistoryEvent, spec: AgentSpec | None) -> RecordedActivity:
-    """A `child_run_tool` call, as the history records it: the child run its call started, read like an activity."""
-    attrs = event.start_child_workflow_execution_initiated_event_attributes
-    child_input = _decode(attrs.input, RunInput)
-    agent = child_input.agent if isinstance(child_input, RunInput) else "?"
-    prompt = child_input.prompt if isinstance(child_input, RunInput) else None
-    call_id = attrs.workflow_id.removeprefix(parent_id + "/")
-    tool = next((t.name for t in spec.tools if t.child_run == agent), agent) if spec is not None else agent
-    return RecordedActivity(activity_type=tool_activity_type(spec.agent if spec else "?", tool),
-                            activity_id=f"{call_id}-child", scheduled_at=_time(event), summary=_summary(event),
-                            input={"call_id": call_id, "tool": tool, "args": {"prompt": prompt}},
-                            event_id=event.event_id, child_run_id=attrs.workflow_id)
-
-
-def _child_closed(event: HistoryEvent, kind: str, by_event: dict[int, RecordedActivity]) -> None:
-    attrs = getattr(event, kind)
-    child = by_event.get(attrs.initiated_event_id)
-    if child is None:
-        return
-    closed = _CHILD_CLOSED[kind]
-    if closed is None:
-        child.attempts = 1
-        return
-    child.closed, child.finished_at = closed, _time(event)
-    if closed == "completed":
-        result = _decode(attrs.result, RunResult[Any])
-        child.result = result.output if isinstance(result, RunResult) else result
-    elif kind != "child_workflow_execution_canceled_event_attributes":
-        child.failure = failure_text(attrs.failure) if attrs.HasField("failure") else closed
-
-
-def read_run(history: WorkflowHistory) -> RecordedRun:
-    """Read one run's history event by event (`_replay` uses it to find the recorded side of a divergence)."""
-    first = history.events[0]
-    started = first.workflow_execution_started_event_attributes
-    run_input = _decode(started.input, RunInput)
-    if not isinstance(run_input, RunInput):
-        raise CodeModeUserError(f"run {history.run_id}: its input is not a durable-codemode RunInput")
-    parsed = RecordedRun(run=TraceRun(run_id=history.run_id, status="running", started_at=_time(first),
-                               events=len(history.events)), input=run_input)
-    if run_input.continuation is not None:
-        parsed.spec = run_input.continuation.spec
-    by_event: dict[int, RecordedActivity] = {}
-    updates: dict[str, str] = {}
-    for event in history.events:
-        kind = event.WhichOneof("attributes")
-        if kind == "marker_recorded_event_attributes":
-            marker = _read_marker(event)
-            if marker is None:
-                continue
-            if marker.activity_type == DESCRIBE_AGENT_ACTIVITY:
-                if isinstance(marker.result, AgentSpec):
-                    parsed.spec = marker.result
-            else:
-                parsed.activities.append(marker)
-        elif kind == "activity_task_scheduled_event_attributes":
-            attrs = event.activity_task_scheduled_event_attributes
-            activity_type = attrs.activity_type.name
-            hint: Any = ModelRequestInput if activity_type == MODEL_REQUEST_ACTIVITY else None
-            activity = RecordedActivity(activity_type=activity_type, activity_id=attrs.activity_id,
-                                 scheduled_at=_time(event), input=_decode(attrs.input, hint), summary=_summary(event),
-                                 event_id=event.event_id)
-            by_event[event.event_id] = activity
-            parsed.activities.append(activity)
-        elif kind == "start_child_workflow_execution_initiated_event_attributes":
-            child = _child_call(history.workflow_id, event, parsed.spec)
-            by_event[event.event_id] = child
-            parsed.activities.append(child)
-        elif kind in _CHILD_CLOSED:
-            _child_closed(event, kind, by_event)
-        elif kind == "activity_task_started_event_attributes":
-            attrs_started = event.activity_task_started_event_attributes
-            if (act := by_event.get(attrs_started.scheduled_event_id)) is not None:
-                act.attempts = attrs_started.attempt
-                if attrs_started.HasField("last_failure"):
-                    act.last_failure = failure_text(attrs_started.last_failure)
-        elif kind == "activity_task_completed_event_attributes":
-            done = event.activity_task_completed_event_attributes
-            if (act := by_event.get(done.scheduled_event_id)) is not None:
-                hint = ModelResponse if act.activity_type == MODEL_REQUEST_ACTIVITY else None
-                act.closed, act.finished_at = "completed", _time(event)
-                act.result, act.usage = split_usage(_decode(done.result, hint))  # a tool's value, and its agents' use
-        elif kind == "activity_task_failed_event_attributes":
-            failed = event.activity_task_failed_event_attributes
-            if (act := by_event.get(failed.scheduled_event_id)) is not None:
-                act.closed, act.finished_at, act.failure = "failed", _time(event), failure_text(failed.failure)
-        elif kind == "activity_task_timed_out_event_attributes":
-            timed_out = event.activity_task_timed_out_event_attributes
-            if (act := by_event.get(timed_out.scheduled_event_id)) is not None:
-                act.closed, act.finished_at, act.failure = "timed_out", _time(event), failure_text(timed_out.failure)
-        elif kind == "activity_task_cancel_requested_event_attributes":
-            requested = event.activity_task_cancel_requested_event_attributes
-            if (act := by_event.get(requested.scheduled_event_id)) is not None:
-                act.cancel_requested, act.finished_at = True, act.finished_at or _time(event)
-        elif kind == "activity_task_canceled_event_attributes":
-            canceled = event.activity_task_canceled_event_attributes
-            if (act := by_event.get(canceled.scheduled_event_id)) is not None:
-                act.closed, act.finished_at = "cancelled", _time(event)
-        elif kind == "workflow_execution_update_accepted_event_attributes":
-            request = event.workflow_execution_update_accepted_event_attributes.accepted_request
-            updates[request.meta.update_id] = request.input.name
-        elif kind == "workflow_execution_update_completed_event_attributes":
-            completed = event.workflow_execution_update_completed_event_attributes
-            name = updates.get(completed.meta.update_id)
-            if completed.outcome.HasField("success") and name in (DECIDE_UPDATE, DECIDE_ALL_UPDATE):
-                hint = ApprovalRecord if name == DECIDE_UPDATE else list[ApprovalRecord]
-                value = _decode(completed.outcome.success, hint)
-                parsed.records += value if isinstance(value, list) else [value]
-        elif kind == "workflow_execution_signaled_event_attributes":
-            signal = event.workflow_execution_signaled_event_attributes
-            if signal.signal_name in (APPROVE_SIGNAL, DENY_SIGNAL):
-                decision = _decode(signal.input, ApprovalDecision)
-                if isinstance(decision, ApprovalDecision):
-                    parsed.signals.append((signal.signal_name, decision))
-        elif kind == "workflow_task_failed_event_attributes":
-            task = event.workflow_task_failed_event_attributes
-            text = failure_text(task.failure) if task.HasField("failure") else "failed"
-            if text not in parsed.run.task_failures:
-                parsed.run.task_failures.append(text)
-        elif kind == "workflow_execution_completed_event_attributes":
-            parsed.run.status, parsed.run.closed_at = "completed", _time(event)
-            value = _decode(event.workflow_execution_completed_event_attributes.result, RunResult[Any])
-            parsed.result = value if isinstance(value, RunResult) else None
-        elif kind == "workflow_execution_failed_event_attributes":
-            parsed.run.status, parsed.run.closed_at = "failed", _time(event)
-            parsed.run.failure = failure_text(event.workflow_execution_failed_event_attributes.failure)
-        elif kind == "workflow_execution_continued_as_new_event_attributes":
-            cont = event.workflow_execution_continued_as_new_event_attributes
-            parsed.run.status, parsed.run.closed_at = "continued_as_new", _time(event)
-            parsed.run.continued_as = cont.new_execution_run_id
-            value = _decode(cont.input, RunInput)
-            if isinstance(value, RunInput):
-                parsed.next_input = value
-                parsed.run.continue_reason = value.continuation.note if value.continuation else None
-        elif kind == "workflow_execution_terminated_event_attributes":
-            parsed.run.status, parsed.run.closed_at = "terminated", _time(event)
-            parsed.run.failure = event.workflow_execution_terminated_event_attributes.reason or "terminated"
-        elif kind == "workflow_execution_canceled_event_attributes":
-            parsed.run.status, parsed.run.closed_at = "cancelled", _time(event)
-            parsed.run.failure = "cancelled"
-        elif kind == "workflow_execution_timed_out_event_attributes":
-            parsed.run.status, parsed.run.closed_at = "timed_out", _time(event)
-            parsed.run.failure = "the run timed out"
-    return parsed
 
 
 # -- assembling the trace ------------------------------------------------------------------------------------

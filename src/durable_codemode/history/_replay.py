@@ -40,8 +40,9 @@ from .._storage import env_stores, resolve_history
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import serve, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
+from ._events import RecordedActivity, RecordedRun, read_run
 from ._fetch import fetch_chain, fetch_history
-from ._read import _RULE_UNKNOWN, RecordedActivity, RecordedRun, parse_histories, read_run
+from ._read import _RULE_UNKNOWN, parse_histories
 from ._trace import RunTrace, TraceSnippet
 
 __all__ = [

@@ -14,7 +14,8 @@
   only when the first approval of a run starts waiting or the last one is decided. A run started with neither
   (by an older client) writes nothing, so its history replays exactly as it was recorded.
 
-This module also threads the workflow's awaitables through `_telemetry`, so the workflow has one hook per step.
+This module also hands the workflow's steps to the run's observers (`_telemetry.RunTelemetry`: spans, the history
+tools' replays), so the workflow has one hook per step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
-from .._telemetry import NO_TELEMETRY, RunTelemetry, run_telemetry
+from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, run_telemetry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
@@ -124,11 +125,15 @@ class RunProgress:
 
     # -- hooks ---------------------------------------------------------------------------------------------------
 
+    def start(self, approvals: Callable[[], ApprovalState]) -> None:
+        """First thing as the run starts: take its observers (`_telemetry.observe_run`), and show them its approvals."""
+        self.telemetry = run_telemetry()
+        self.telemetry.approvals(approvals)
+
     def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
             ) -> Coroutine[Any, Any, RunResult[Any]]:
-        """Around the run's loop: decides whether this run is traced."""
+        """Around the run's loop."""
         self._owner = workflow.instance()
-        self.telemetry = run_telemetry()
         return self.telemetry.run(coro, agent=agent, run_index=run_index)
 
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
@@ -151,6 +156,14 @@ class RunProgress:
         finally:
             self._snippet, self._in_flight, self._done = None, 0, 0
             self.show()
+
+    def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
+        """A `run_code` call with arguments it does not take: no snippet runs."""
+        self.telemetry.run_code_refused(call_id=call_id, args=args)
+
+    def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
+        """A tool call is made, before anything is asked of it (`RunTelemetry.call_made`)."""
+        self.telemetry.call_made(tool=tool, call_id=call_id, args=args, code=code, line=line)
 
     def call(self, start: Callable[[], Coroutine[Any, Any, tuple[Settled, CallRecord]]], *, tool: str,
              call_id: str, args: dict[str, Any]) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:

@@ -68,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview
     from .._signing import ApproverKeyring
+    from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
         AfterRunInput,
@@ -316,6 +317,7 @@ class CodeModeRunWorkflow:
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
+        self._progress.start(lambda: ApprovalState(pending=self.pending_approvals(), audit=list(self._approvals.audit)))
         cont = input.continuation
         if cont is None:
             spec = await workflow.execute_local_activity(
@@ -626,6 +628,7 @@ class CodeModeRunWorkflow:
         code, restart = args.get("code"), args.get("restart", False)
         if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
             message = f"run_code takes {{'code': str, 'restart': bool (optional)}}; got {preview(call.args)}"
+            self._progress.run_code_refused(call_id=call.tool_call_id, args=args)
             return self._retry(call, message, "validation_error"), None
         outcome = await self._progress.snippet(repl.run(code, run_code_id=call.tool_call_id, restart=restart),
                                                call_id=call.tool_call_id, code=code)
@@ -678,6 +681,7 @@ class CodeModeRunWorkflow:
         self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
     ) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
         """Start one tool call: register its approval at once if it needs one, then run it as its activity."""
+        self._progress.call_made(tool=tool, call_id=call_id, args=args, code=site.code, line=site.line)
         assert self._spec is not None
         spec = self._spec.tool(tool)
         assert spec is not None, f"tool {tool!r} is not in the recorded spec"
