@@ -115,6 +115,15 @@ async def test_a_child_run_answers_the_call_and_its_usage_counts(client: Client)
     assert f"child run {child_handle.id} (agent extract{suffix}): completed" in drawing, drawing
     assert drawing.index("ask_extract") < drawing.index(f"child run {child_handle.id}")
 
+    # `codemode watch` shows the call that started the child run, and its answer.
+    from .test_debugging import address, codemode
+
+    rc, out, err = await codemode("watch", handle.id, address=address(client))
+    assert rc == 0, (out, err)
+    assert f'  ▸ {call.call_id} ask_extract{suffix}(prompt="AK123:350 LA101:250 AK456:370")' in out.splitlines()
+    assert any(line.startswith(f"  ✓ {call.call_id} ask_extract{suffix}(") and "LA101" in line
+               for line in out.splitlines()), out
+
     # The same parent under agent.run(): pydantic-ai's delegation, the same requests and tool calls counted.
     plain = await plain_search(f"search{suffix}", child).run("Find the cheapest flight")
     assert plain.output == result.output
