@@ -6,7 +6,6 @@ unchanged (event count and bytes); then the honest approvers' decisions complete
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -238,29 +237,6 @@ async def test_deciding_a_closed_run_says_it_is_closed_and_how_it_ended(client: 
                                   address=address(client))
     assert rc == 0 and f"approved {pending.call_id} refund(" in out, err
     await replay(handle)
-
-
-async def test_a_run_decided_before_decisions_were_read_as_json_replays() -> None:
-    """A run recorded before the decision updates took plain JSON replays as it ran.
-
-    Its decisions came by update (two votes, one under a random id), by signal and by `decide_all`, whose handlers
-    then took typed input; its spec lacks `bounded_signals`, so its signals are taken as they were.
-    """
-    from temporalio.client import WorkflowHistory
-    from temporalio.worker import Replayer
-
-    from durable_codemode._converter import DATA_CONVERTER
-    from durable_codemode.worker._worker import workflow_runner
-
-    text = (Path(__file__).parent / "histories" / "before_bounded_decisions.json").read_text()
-    history = json.loads(text)
-    updates = [e["workflowExecutionUpdateAcceptedEventAttributes"]["acceptedRequest"]["meta"]["updateId"]
-               for e in history["events"] if "workflowExecutionUpdateAcceptedEventAttributes" in e]
-    assert updates[:4] == ["call_0.0 by ana", "call_0.0 by bob", "call_0.2 by ana", "6f1c2a"] and len(updates) == 5
-    assert any("workflowExecutionSignaledEventAttributes" in e for e in history["events"])
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
-                        workflow_runner=workflow_runner(), debug_mode=True)
-    await replayer.replay_workflow(WorkflowHistory.from_json("before-bounds", text))
 
 
 def test_a_run_that_closes_while_a_decision_is_taken_says_so() -> None:

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import Payload
 
 import durable_codemode
 from durable_codemode import _names
@@ -24,7 +25,6 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.SEAL_REPL_ACTIVITY == "durable-codemode.seal_repl"
     assert _names.OUTPUT_ACTIVITY == "durable-codemode.output"
     assert _names.RUN_ERROR_ACTIVITY == "durable-codemode.on_run_error"
-    assert _names.SANDBOX_GUARDS_PATCH == "durable-codemode.sandbox-guards"
     assert _names.RUN_CODE_TOOL == "run_code"
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
     assert _names.nested_call_id("call_1", 7) == "call_1.7"
@@ -62,10 +62,15 @@ def test_persisted_payload_shapes_are_pinned() -> None:
 
     converter = DATA_CONVERTER.payload_converter
     compact = converter.to_payload(ToolCallInput(args={"i": 3}))
-    assert compact is not None and compact.data == b'{"args":{"i":3}}'  # AgentSpec.compact_tool_calls
-    old = converter.to_payload(ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7"))
-    assert old is not None and old.data == b'{"tool":"get","args":{"i":3},"call_id":"call_1.7"}'
-    assert converter.from_payload(old, ToolCallInput) == ToolCallInput(tool="get", args={"i": 3}, call_id="call_1.7")
+    assert compact is not None and compact.data == b'{"args":{"i":3}}'  # the tool and call id: the activity's
+    # Written by 0.1.0 (its runs are refused, but a call it scheduled may still reach a worker): the names ignored.
+    old = Payload(metadata={"encoding": b"json/plain"}, data=b'{"tool":"get","args":{"i":3},"call_id":"call_1.7"}')
+    assert converter.from_payload(old, ToolCallInput) == ToolCallInput(args={"i": 3})
+    # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
+    from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
+
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (1, 1)
+    assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
     assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
     assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"
     at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)

@@ -649,8 +649,16 @@ async def _check_spans(block: Block, ns: dict[str, Any], given: Given) -> None:
     assert not problems, f"{block.where}: " + "\n".join(problems) + f"\nspans: {sorted({s.name for s in spans})}"
 
 
+async def _check_refusal(block: Block, ns: dict[str, Any], given: Given) -> None:
+    """reliability.md's refused replay: a run recorded by 0.1.0 (`tests/histories/before_parking.json`)."""
+    text = (ROOT / "tests" / "histories" / "before_parking.json").read_text()
+    check_output(block.text.splitlines(), render_replay(await replay_histories(histories_from_json(text))),
+                 block.where)
+
+
 OUTPUT_CHECKS: dict[str, Callable[[Block, dict[str, Any], Given], Awaitable[None]]] = {
     "divergence": _check_divergence,  # a real replay whose snippet was edited, as tests/test_debugging.py does
+    "refusal": _check_refusal,
     "spans": _check_spans,
 }
 """The `<!-- docs-test: output NAME -->` checkers: each makes the output now and compares."""

@@ -86,9 +86,9 @@ async def test_a_tool_sees_its_name_and_call_id_though_the_input_holds_only_argu
         ("call_0.0", "look", {"i": 1}), ("call_0.1", "look", {"i": 2}), ("call_0.2", "near", {"i": 3})]
 
 
-async def test_old_and_compact_tool_inputs_are_both_served() -> None:
-    # A call scheduled by a run recorded before `AgentSpec.compact_tool_calls` (or still pending in one) carries
-    # the tool and call id in its input; a compact one only in the activity's type and id. Both reach the tool.
+async def test_a_tool_call_is_named_by_its_activity_id_and_type_whatever_its_input_carries() -> None:
+    # A call's tool and id are in its activity's type and id; an input written by 0.1.0 (a call it scheduled that
+    # reaches a worker of this release) also carried them, and is served the same.
     seen: list[tuple[str, str, int]] = []
     activities = CodeModeActivities([_agent("old", seen, "done")])
     env = ActivityEnvironment()

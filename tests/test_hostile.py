@@ -317,18 +317,3 @@ def test_reliability_page_lists_the_corpus() -> None:
     missing = [row for row in rows if row not in page]
     assert not missing, "docs/reliability.md lacks rows (paste tests.test_hostile.corpus_table()):\n" + (
         "\n".join(missing))
-
-
-async def test_a_run_recorded_before_the_guards_replays_as_it_ran() -> None:
-    # Recorded by the code before `_guards` existed: 2,100 clock reads in a row, then bytes as a tool argument.
-    # Both are refused now; the old run must still replay, because the guards act under a `workflow.patched` id.
-    from temporalio.client import WorkflowHistory
-    from temporalio.worker import Replayer
-
-    from durable_codemode import DATA_CONVERTER
-    from durable_codemode.worker._worker import workflow_runner
-
-    text = (Path(__file__).parent / "histories" / "before_sandbox_guards.json").read_text()
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
-                        workflow_runner=workflow_runner())
-    await replayer.replay_workflow(WorkflowHistory.from_json("before-guards", text))

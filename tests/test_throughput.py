@@ -11,17 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
-from temporalio.worker import Replayer
+from temporalio.client import Client, WorkflowHandle
 
-from durable_codemode import DATA_CONVERTER, CodeModeRunWorkflow, CodeModeUserError, PoolSettings, _pool, start_run
+from durable_codemode import CodeModeUserError, PoolSettings, _pool, start_run
 from durable_codemode.testing import RunCode, child_processes, last_result, new_task_queue, replay, running_worker
-from durable_codemode.worker._worker import create_worker, workflow_runner
+from durable_codemode.worker._worker import create_worker
 from tests._agents import Effects, items_agent
 
 POOL = 2
@@ -112,17 +110,6 @@ async def test_a_worker_may_not_have_more_workflow_task_slots_than_sandbox_proce
     assert worker.config()["max_concurrent_workflow_tasks"] == 3
     with pytest.raises(CodeModeUserError, match="at least 2"):
         PoolSettings(max_processes=1)
-
-
-async def test_a_run_recorded_while_programs_held_their_process_replays() -> None:
-    # Recorded before programs released their process while waiting: random draws, set order, hashes, sequential
-    # calls, a gather, time.sleep, asyncio.sleep, os.urandom, and a second snippet using the first one's names.
-    # The dump/load of every wait must change nothing a program sees (Monty keeps its random state, ids and
-    # pending futures), and must draw nothing from workflow.random().
-    text = (Path(__file__).parent / "histories" / "before_parking.json").read_text()
-    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
-                        workflow_runner=workflow_runner())
-    await replayer.replay_workflow(WorkflowHistory.from_json("before-parking", text))
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """A snippet that starts a fresh REPL takes a sandbox session warmed while its model request was in flight.
 
 A session's first type check costs ~15 ms (the checker loads the builtins' stubs); the run draws the snippet's
-seed before the request (`AgentSpec.seeds_before_model_request`), so the pool can check a session out with it
+seed before the request (`Repl.reserve_session`), so the pool can check a session out with it
 and warm its checker meanwhile (`_pool.SandboxPool.prewarm_session`). A warm session must behave exactly as a
 cold one: the replay, which warms none, checks that, down to the seeded `random` values the program passes to its tools.
 """

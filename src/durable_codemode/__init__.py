@@ -25,6 +25,7 @@ from ._errors import (
     RunFailedError,
     RunNotFoundError,
     TransientToolError,
+    UnsupportedBehaviorVersionError,
     WorkerUnavailableError,
 )
 from ._files import RunFiles
@@ -91,6 +92,7 @@ __all__ = [
     "ToolSpec",
     "TransientToolError",
     "TurnRecord",
+    "UnsupportedBehaviorVersionError",
     "WorkerUnavailableError",
     "child_run_tool",
     "connect",

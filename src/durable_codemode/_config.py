@@ -159,8 +159,7 @@ class SnippetLimits:
     """The in-workflow budget of one stretch of compute (between two host round trips: tool calls, clock reads).
     A stretch past it is recorded in the history, so no replay re-runs it: one the workflow task finished is
     kept; one still computing at 1.2 s (`_pool.LIVE_BACKSTOP_SECONDS`) goes on in the compute activity. Either
-    way the program goes on; the budget only decides where it computes. (Runs recorded before compute
-    activities existed keep their old rule on replay: the run continued as new with a fresh REPL.)"""
+    way the program goes on; the budget only decides where it computes."""
 
     max_feed_seconds: float = 1.0
     """The in-workflow budget of all the stretches one workflow task runs (time waiting on tools and timers
@@ -277,17 +276,16 @@ REPLAY_STRETCH_SECONDS = 60.0
 """The least time limit of a replayed stretch (see `monty_limits`)."""
 
 
-def monty_limits(limits: SnippetLimits, *, escalating: bool, replaying: bool = False) -> ResourceLimits:
+def monty_limits(limits: SnippetLimits, *, replaying: bool = False) -> ResourceLimits:
     """The limits a sandbox session enforces itself, for `checkout(limits=...)`.
 
     A session's dumps carry its limits, and a loaded dump keeps them (Monty applies no new ones), so a program
-    that goes on in the compute activity computes under the limits its REPL was first checked out with. So in a
-    run with compute escalation (`escalating`) every session's own time limit is `max_compute_seconds`, the
-    runaway bound: the in-workflow budgets are enforced by the host (`workflow/_sandbox`) and by the live
-    pool's backstop, which may differ between stretches. A replayed task re-runs only stretches the live run
-    finished in workflow code, so its sessions get a time limit no replaying machine can reach
-    (`REPLAY_STRETCH_SECONDS`, or more): their outcome never depends on the replaying machine's speed, and a
-    history edited into a loop still ends. Older runs keep the limits they were recorded with.
+    that goes on in the compute activity computes under the limits its REPL was first checked out with. So every
+    session's own time limit is `max_compute_seconds`, the runaway bound: the in-workflow budgets are enforced by
+    the host (`workflow/_sandbox`) and by the live pool's backstop, which may differ between stretches. A replayed
+    task re-runs only stretches the live run finished in workflow code, so its sessions get a time limit no
+    replaying machine can reach (`REPLAY_STRETCH_SECONDS`, or more): their outcome never depends on the replaying
+    machine's speed, and a history edited into a loop still ends.
     """
     out: ResourceLimits = {
         "max_memory": limits.max_memory_bytes,
@@ -296,10 +294,6 @@ def monty_limits(limits: SnippetLimits, *, escalating: bool, replaying: bool = F
         # reads, future resolutions) and cannot be disabled, so it is set far out of the way.
         "max_suspensions": 1_000_000_000,
     }
-    if escalating:
-        out["max_turn_duration_secs"] = (max(limits.max_compute_seconds, REPLAY_STRETCH_SECONDS) if replaying
-                                         else limits.max_compute_seconds)
-    else:
-        out["max_turn_duration_secs"] = limits.max_turn_seconds
-        out["max_feed_duration_secs"] = limits.max_feed_seconds
+    out["max_turn_duration_secs"] = (max(limits.max_compute_seconds, REPLAY_STRETCH_SECONDS) if replaying
+                                     else limits.max_compute_seconds)
     return out

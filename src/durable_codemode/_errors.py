@@ -31,6 +31,7 @@ __all__ = [
     "RunFailedError",
     "RunNotFoundError",
     "TransientToolError",
+    "UnsupportedBehaviorVersionError",
     "WorkerUnavailableError",
 ]
 
@@ -127,6 +128,31 @@ class DecisionConflictError(CodeModeError):
     def __init__(self, message: str, record: Any = None) -> None:
         super().__init__(message)
         self.record = record
+
+
+class UnsupportedBehaviorVersionError(CodeModeError):
+    """A run was recorded by a release whose behaviour this one does not replay (`AgentSpec.behavior_version`).
+
+    Raised in workflow code, it fails the workflow task, never the run: Temporal retries the task, and the run waits
+    as it was until a worker of the release named takes it (or someone ends it). A replay (`codemode replay`,
+    Temporal's `Replayer`) reports it as the replay's failure.
+    """
+
+    def __init__(self, workflow_id: str, version: int, release: str | None, oldest: int, current: int) -> None:
+        """`release`: the last release that replays `version` (`None`: the run is newer than this release)."""
+        recorded = (f"run {workflow_id!r} was recorded with behaviour version {version}, which "
+                    f"{release or 'a newer release of durable-codemode'} replays; this release replays behaviour "
+                    f"versions {oldest} to {current}. Nothing was changed and the run waits: ")
+        if release is None:
+            todo = "upgrade the workers of its task queue"
+        else:
+            todo = (f"finish it with a worker of {release} on its task queue (pip install "
+                    f"'durable-codemode=={release.rsplit(' ', 1)[-1]}'), or end it (temporal workflow terminate "
+                    f"--workflow-id {workflow_id!r}) and start it again")
+        super().__init__(recorded + todo + ".")
+        self.workflow_id = workflow_id
+        self.version = version
+        self.release = release
 
 
 class WorkerUnavailableError(CodeModeUserError):

@@ -24,7 +24,6 @@ __all__ = [
     "OUTPUT_CHECK_SUMMARY",
     "RUN_CODE_TOOL",
     "RUN_ERROR_ACTIVITY",
-    "SANDBOX_GUARDS_PATCH",
     "SEAL_REPL_ACTIVITY",
     "STATUS_MEMO",
     "STATUS_RUNNING",
@@ -91,12 +90,6 @@ BATCH_ACTIVITY = "durable-codemode.tool_batch"
 """Runs the calls of one batched tool (`ToolOptions(batch=True)`) a program had in flight at once; its input is a
 `BatchInput` naming the agent and the tool, its result one `BatchOutcome` per call."""
 
-SANDBOX_GUARDS_PATCH = "durable-codemode.sandbox-guards"
-"""The `workflow.patched` id under which the sandbox's guards (`_guards`) refuse a call or stop a program.
-
-Runs record `AgentSpec.sandbox_guards` now; the patch is still asked for runs that do not, so runs recorded by
-the release that used it replay as they ran."""
-
 RUN_CODE_TOOL = "run_code"
 """The one tool the model sees in code mode."""
 
@@ -146,7 +139,7 @@ def compute_marker(snippet: int, run_code_call_id: str, stretch: int) -> str:
 def type_check_rejection_marker(snippet: int, run_code_call_id: str) -> str:
     """The `workflow.patched` id recording "the type checker rejected this snippet, live".
 
-    A replay of a run that records rejections (`AgentSpec.records_type_check_rejections`) reads it instead of
+    A replay reads it instead of
     checking the snippet again: a snippet without it passed (or ran unchecked), so it starts unchecked. The check
     is most of what a replayed snippet costs, and a clean pass, the common case, records nothing (each patch
     marker is two history events: the marker and Temporal's `TemporalChangeVersion` upsert).

@@ -26,8 +26,11 @@ from ._config import SnippetLimits
 from ._files import CarriedFiles, FilesSpec
 
 __all__ = [
+    "BEHAVIOR_VERSION",
     "FILE_LISTING_LIMIT",
     "NAMED_RECORDS",
+    "OLDEST_BEHAVIOR_VERSION",
+    "RELEASES_BY_BEHAVIOR_VERSION",
     "AfterRunInput",
     "AgentSpec",
     "BatchInput",
@@ -215,6 +218,20 @@ class ToolCatalog:
         return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
 
 
+BEHAVIOR_VERSION = 1
+"""How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
+
+Raise it when a change would make a recorded run replay differently (another command, another order, another
+recorded value), and keep the old behaviour behind `spec.behavior_version` for as long as the old version is
+supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its last release below."""
+
+OLDEST_BEHAVIOR_VERSION = 1
+"""The oldest behaviour version this release replays; older runs are refused by name (`workflow._run`)."""
+
+RELEASES_BY_BEHAVIOR_VERSION = {0: "durable-codemode 0.1.0"}
+"""The last release that replays each behaviour version this one does not."""
+
+
 @dataclass(kw_only=True)
 class AgentSpec:
     """Everything a run needs to know about its agent, recorded once at the start by an activity.
@@ -242,18 +259,6 @@ class AgentSpec:
     """Which of `system_prompts` come from `@agent.system_prompt(dynamic=True)` functions, valued when the run
     started: their parts carry the function's ref, and a run given a message history re-values the parts there
     that carry one (`workflow._system_prompts`). Runs recorded before the field read none and run as they ran."""
-    sandbox_guards: bool = False
-    """Whether the sandbox's guards (`_guards`) act in this run. Recorded, so the choice is part of the run:
-    every run started now records `True`; a run recorded before the field existed reads `False` and replays as it
-    ran. (A `workflow.patched` check alone proved unsafe: under load it once answered `False` in a live run.)"""
-    compute_escalation: bool = False
-    """Whether a stretch of compute past the in-workflow budget is recorded and goes on in the compute activity
-    (every run started now). A run recorded before the field existed reads `False` and replays as it ran: such a
-    stretch ended the workflow run by continue-as-new, with a fresh REPL."""
-    records_type_check_rejections: bool = False
-    """Whether a snippet the type checker rejects is recorded (`_names.type_check_rejection_marker`), so a replay
-    starts every other snippet unchecked instead of checking it again (every run started now). A run recorded
-    before the field existed reads `False`: its replays check every snippet, as it ran."""
     payload_store: bool = False
     """Whether the worker that started the run offloads large payloads to a payload store, so a compute activity
     may carry a program's dump over Temporal's 2 MiB payload limit."""
@@ -261,11 +266,6 @@ class AgentSpec:
     """Whether decisions must be signed by one of the workers' approver keys (`create_worker(approver_keys=...)`);
     `False`: the worker that started the run allowed unsigned ones (`unsigned_approvals=True`), or the run was
     recorded before signing existed. Each decision's record says whether it was signed."""
-    bounded_signals: bool = False
-    """Whether a decision sent by the `approve` / `deny` signals is held to the `decide` update's field rules
-    (`_decisions`: sizes, types, printable approver names) and ignored when it breaks one, as an update is refused.
-    Recorded, since it changes what a signal does: a run recorded before the field read `False` and takes its
-    signals as it did."""
     output: OutputSpec | None = None
     """The agent's structured output, or output validators (checked by the output activity); `None`: `str` output
     with no validators, where the model's text is the answer (every run recorded before the field)."""
@@ -294,19 +294,11 @@ class AgentSpec:
     """Whether the agent's capabilities have `on_run_error` hooks: a failure of the run's body goes through them in
     the run-error activity, and a result they return recovers the run. `False`: no such hooks, or a run recorded
     before they were applied (it fails as it ran)."""
-    counts_failed_attempts: bool = False
-    """Whether the run's usage counts the tokens of the attempts a response records it moved on from
-    (`ModelResponse.failed_attempts`: a `ModelFallback` or `FallbackModel` rejected them, and they were billed), as
-    `agent.run()` does (every run started now). A run recorded before the field read `False`: it replays as it ran."""
-    compact_tool_calls: bool = False
-    """Whether a tool activity's input is its arguments alone (`ToolCallInput`: the tool and call id are in the
-    activity's type and id) and its summary leaves out the call id (already the activity id's start): ~50 bytes of
-    history less per call (every run started now). A run recorded before the field read `False` and replays as it
-    ran, sending `tool` and `call_id` too."""
-    seeds_before_model_request: bool = False
-    """Whether the seed of a snippet's sandbox session is drawn before the model request that brings the snippet,
-    not when it starts, so a fresh session can be warmed while the request is in flight (`Repl.reserve_session`;
-    every run started now). A run recorded before the field read `False` and draws it as it ran."""
+    behavior_version: int = 0
+    """How this run behaves where releases of durable-codemode differ (`BEHAVIOR_VERSION`): recorded when the run
+    starts, so a replay takes the same decisions. `0`: recorded before the field, by a release this one does not
+    replay (`RELEASES_BY_BEHAVIOR_VERSION` names the one that does); the run workflow refuses such a run by name
+    (`UnsupportedBehaviorVersionError`) with a workflow-task failure, so the run itself is never failed."""
 
     def tool(self, name: str) -> ToolSpec | None:
         """The spec of the tool called `name`, or `None`."""
@@ -626,20 +618,16 @@ class OutputVerdict:
 class ToolCallInput:
     """The input of a tool activity: only what the call needs, to keep histories small.
 
-    A run that records `AgentSpec.compact_tool_calls` (every run started now) sends the arguments alone: the tool is
-    in the activity type (`<agent>.<tool>`) and the call id in the activity id (`<call id>-<digest>`), and the
-    activity reads them from there. Inputs recorded before carry `tool` and `call_id` too, and are still accepted.
+    The tool is in the activity type (`<agent>.<tool>`) and the call id in the activity id (`<call id>-<digest>`), and
+    the activity reads them from there; the input holds the arguments. (Inputs recorded by 0.1.0 carried `tool` and
+    `call_id` too: those keys are ignored.)
 
     A pydantic dataclass only so that its optional fields are left out of the payload while unset (`_unset_left_out`):
     every call of a run without deps would otherwise record `"deps":null`, and every non-MCP call
     `"schema_digest":null`, in the history.
     """
 
-    tool: str | None = None
-    """The tool's name; `None` (compact inputs): the activity type's (`_names.tool_of_activity_type`)."""
     args: dict[str, Any]
-    call_id: str | None = None
-    """The call's id; `None` (compact inputs): the activity id's (`_names.call_id_of_activity`)."""
     deps: Any = None
     """The run's deps (`RunInput.deps`), rebuilt as the agent's `deps_type` for the tool's `RunContext`."""
     schema_digest: str | None = None

@@ -38,8 +38,6 @@ from .._names import (
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
     RUN_CODE_TOOL,
-    call_id_of_activity,
-    tool_of_activity_type,
 )
 from .._results import code_lines, preview, printable
 from .._types import RunResult
@@ -144,12 +142,8 @@ class _Follower:
 
     @staticmethod
     def _call_label(act: RecordedActivity, summary: str) -> str:
-        payload = act.input
-        if not isinstance(payload, dict) or not isinstance(payload.get("args"), dict):
-            return summary
-        # Compact inputs (`AgentSpec.compact_tool_calls`) leave the tool and call id to the activity.
-        return _label(str(payload.get("call_id") or call_id_of_activity(act.activity_id)),
-                      str(payload.get("tool") or tool_of_activity_type(act.activity_type)), payload["args"])
+        call_id, tool, args = act.tool_call()
+        return summary if args is None else _label(call_id, tool, args)
 
     def _closed_call(self, event_id: int, act: RecordedActivity, elapsed: str) -> None:
         call = self._calls.pop(event_id)

@@ -26,7 +26,13 @@ from temporalio.client import WorkflowHistory
 from .._approvals import APPROVE_SIGNAL, DECIDE_ALL_UPDATE, DECIDE_UPDATE, DENY_SIGNAL, ApprovalDecision, ApprovalRecord
 from .._converter import DATA_CONVERTER
 from .._errors import CodeModeUserError
-from .._names import DESCRIBE_AGENT_ACTIVITY, MODEL_REQUEST_ACTIVITY, tool_activity_type
+from .._names import (
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    call_id_of_activity,
+    tool_activity_type,
+    tool_of_activity_type,
+)
 from .._tool_usage import split_usage
 from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult
 from ._trace import TraceRun
@@ -118,6 +124,18 @@ class RecordedActivity:
     """A tool call's own model use (a sub-agent it ran), counted in the run's usage (`_tool_usage`)."""
     child_run_id: str | None = None
     """A `child_run_tool` call: the child run it started (a workflow, not an activity)."""
+
+    def tool_call(self) -> tuple[str, str, dict[str, Any] | None]:
+        """A tool call's id, tool and arguments (`None`: unreadable), read as the worker reads them.
+
+        The input holds the arguments; the call id is the activity id's start and the tool the activity type's end
+        (`ToolCallInput`). An input that names them (a batch's call, a child run's, a run recorded by 0.1.0) wins.
+        """
+        payload = self.input if isinstance(self.input, dict) else {}
+        call_id = str(payload.get("call_id") or call_id_of_activity(self.activity_id))
+        tool = str(payload.get("tool") or tool_of_activity_type(self.activity_type))
+        args = payload.get("args")
+        return call_id, tool, args if isinstance(args, dict) else None
 
 
 @dataclass

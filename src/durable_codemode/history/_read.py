@@ -38,8 +38,6 @@ from .._names import (
     RUN_CODE_TOOL,
     RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
-    call_id_of_activity,
-    tool_of_activity_type,
 )
 from .._results import preview
 from .._storage import env_stores, resolve_history
@@ -87,10 +85,7 @@ def _output_check(activity: RecordedActivity) -> str:
 
 
 def _call_of(activity: RecordedActivity, open_run: bool) -> TraceCall:
-    payload = activity.input if isinstance(activity.input, dict) else {}
-    call_id = str(payload.get("call_id") or call_id_of_activity(activity.activity_id))
-    tool = str(payload.get("tool") or tool_of_activity_type(activity.activity_type))
-    args = payload.get("args") if isinstance(payload.get("args"), dict) else None
+    call_id, tool, args = activity.tool_call()
     call = TraceCall(call_id=call_id, tool=tool, args=args, status="running", activity_type=activity.activity_type,
                      activity_id=activity.activity_id, local=activity.local, scheduled_at=activity.scheduled_at,
                      finished_at=activity.finished_at, attempts=activity.attempts, last_failure=activity.last_failure,

@@ -37,6 +37,7 @@ from .._errors import CodeModeUserError
 from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
 from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
+from .._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import serve, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
@@ -63,7 +64,7 @@ __all__ = [
 Cause = Literal[
     "tool_renamed", "arguments_changed", "call_order_changed", "other_tool_called", "sandbox_limits",
     "compute_limit_on_replay", "snippet_ended_early", "extra_call", "sandbox_crashed", "compute_limit_not_hit",
-    "approval_rule_unknown", "non_deterministic", "other",
+    "approval_rule_unknown", "behavior_version_unsupported", "non_deterministic", "other",
 ]
 
 _EXPECTED: frozenset[str] = frozenset({"sandbox_crashed", "compute_limit_not_hit"})
@@ -144,7 +145,7 @@ class RunReplay:
         """`not_replayed`: the replay could not run this far for want of something (the agents' approval rules)."""
         if self.divergence is None:
             return "ok"
-        if self.divergence.cause == "approval_rule_unknown":
+        if self.divergence.cause in ("approval_rule_unknown", "behavior_version_unsupported"):
             return "not_replayed"
         return "expected" if self.divergence.expected else "diverged"
 
@@ -282,12 +283,10 @@ def _replayed_side(command: ReplayedCommand, capture: ReplayCapture) -> CallSide
         index = sum(1 for m in messages if getattr(m, "kind", "") == "response") if messages else turns
         return CallSide(what=f"model request (turn {index})", activity_type=command.activity_type,
                         activity_id=command.effective_id)
-    payload = command.input
-    # Compact inputs (`AgentSpec.compact_tool_calls`) leave the call id and tool to the activity's id and type.
-    call_id = getattr(payload, "call_id", None) or (
-        call_id_of_activity(command.activity_id) if command.activity_id else None)
-    tool = getattr(payload, "tool", None) or tool_of_activity_type(command.activity_type or "")
-    args = getattr(payload, "args", None)
+    # The call id and tool are the activity's id and type (`ToolCallInput`); its input holds the arguments.
+    call_id = call_id_of_activity(command.activity_id) if command.activity_id else None
+    tool = tool_of_activity_type(command.activity_type or "")
+    args = getattr(command.input, "args", None)
     return CallSide(what=f"{tool}({_args_text(args)})", call_id=call_id, tool=tool, args=args,
                     activity_type=command.activity_type, activity_id=command.effective_id)
 
@@ -499,6 +498,15 @@ def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrac
     message = failure_message(capture.failure)
     recorded = read_run(history)
     div = Divergence(cause="other", explanation="", message=message)
+    version = recorded.spec.behavior_version if recorded.spec is not None else None
+    if version is not None and not OLDEST_BEHAVIOR_VERSION <= version <= BEHAVIOR_VERSION:
+        div.cause = "behavior_version_unsupported"
+        release = RELEASES_BY_BEHAVIOR_VERSION.get(version)
+        div.explanation = (
+            f"the run was recorded with behaviour version {version}, which this release does not replay: replay it "
+            + (f"with {release} (pip install 'durable-codemode=={release.rsplit(' ', 1)[-1]}')." if release else
+               "with the newer release that recorded it."))
+        return div
     if _RULE_UNKNOWN in message:
         div.cause = "approval_rule_unknown"
         div.explanation = (

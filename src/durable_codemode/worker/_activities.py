@@ -160,8 +160,6 @@ class CodeModeActivities:
             # Resolved here and recorded: workflow code cannot see whether the worker has a payload store.
             spec.limits = replace(spec.limits, max_tool_args_bytes=AUTOMATIC_PAYLOAD_LIMIT_BYTES)
         spec.payload_store = self._payload_store
-        spec.compact_tool_calls = True  # this worker reads a tool call's name and id from its activity's type and id
-        spec.bounded_signals = True  # this worker's runs hold a signal's decision to the update's field rules
         seeded = spec.files.seeded_bytes if spec.files is not None else 0
         if seeded > CARRY_WITHOUT_STORE_BYTES and not self._payload_store:
             raise ApplicationError(
@@ -294,8 +292,7 @@ class CodeModeActivities:
         if not args:
             raise ApplicationError(f"activity {info.activity_type!r} got no input", non_retryable=True)
         payload = activity.payload_converter().from_payload(args[0].payload, ToolCallInput)
-        # Compact inputs (`AgentSpec.compact_tool_calls`) leave the call id to the activity id; older ones carry it.
-        call_id = payload.call_id or call_id_of_activity(info.activity_id)
+        call_id = call_id_of_activity(info.activity_id)
         try:
             agent = self.agent(agent_name)
         except AgentNotFoundError as e:

@@ -51,7 +51,7 @@ def _checkout(request: ComputeRequest) -> _pool.Checkout:
     # workflow drew for it and the run's limits, exactly as workflow code would have checked it out.
     return _pool.POOL.session({
         "script_name": "snippet.py",
-        "limits": monty_limits(request.limits, escalating=True),
+        "limits": monty_limits(request.limits),
         "os_policy": {"datetime": "call_host", "sleep": "call_host", "random_start": {"seed": request.seed}},
     }, kind="compute")
 

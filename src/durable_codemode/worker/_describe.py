@@ -43,7 +43,7 @@ from .._stubs import (
     stubs_of,
     tool_summary,
 )
-from .._types import AgentSpec, CatalogEntry, DynamicPrompt, OutputSpec, ToolCatalog, ToolSpec
+from .._types import BEHAVIOR_VERSION, AgentSpec, CatalogEntry, DynamicPrompt, OutputSpec, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import probing, run_before_run
 from ._files import files_spec
@@ -95,10 +95,8 @@ async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_typ
         stubs=stubs,
         limits=durable.limits,
         env={k: os.environ[k] for k in durable.env_allowlist if k in os.environ},
-        sandbox_guards=True,
-        compute_escalation=True,
-        records_type_check_rejections=True, seeds_before_model_request=durable.code_mode,
-        model_request_hooks=uses.model_request_hooks, counts_failed_attempts=True,
+        behavior_version=BEHAVIOR_VERSION,
+        model_request_hooks=uses.model_request_hooks,
         after_run_hooks=uses.after_run_hooks, run_error_hooks=uses.run_error_hooks,
         signed_approvals=authority is not None and not authority.unsigned,
         output=_output_spec(durable.agent, probe.info),

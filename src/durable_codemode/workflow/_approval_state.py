@@ -103,8 +103,6 @@ class DecisionRules:
     """Decisions must be signed (`AgentSpec.signed_approvals`)."""
     starter: str | None
     """Who started the run (`RunInput.started_by`)."""
-    bounded_signals: bool = False
-    """A signal's decision is held to the update's field rules (`AgentSpec.bounded_signals`)."""
 
 
 _RECENT_REJECTIONS = 50
@@ -197,8 +195,10 @@ class Approvals:
         runs again); `None` for signals, which a replay does run again, so they cannot depend on keys.
         """
         rules = self.rules
-        if keyring is None and rules.bounded_signals:
-            # A signal's input is decoded before it gets here, so it is checked as it would have arrived as JSON.
+        if keyring is None:
+            # A signal's decision is held to the update's field rules (`_decisions`: sizes, types, printable
+            # approver names) and ignored when it breaks one. Its input is decoded before it gets here, so it is
+            # checked as it would have arrived as JSON.
             try:
                 read_decision(_DECISION_JSON.dump_python(decision, mode="json"))
             except DecisionFieldError as e:

@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._decisions import batch_of, decision_of
+    from .._errors import UnsupportedBehaviorVersionError
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         AFTER_RUN_ACTIVITY,
@@ -71,6 +72,9 @@ with workflow.unsafe.imports_passed_through():
     from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
+        BEHAVIOR_VERSION,
+        OLDEST_BEHAVIOR_VERSION,
+        RELEASES_BY_BEHAVIOR_VERSION,
         AfterRunInput,
         AgentSpec,
         CallRecord,
@@ -147,6 +151,18 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         if isinstance(cause, ApplicationError):
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
         raise
+
+
+def _check_behavior_version(spec: AgentSpec) -> None:
+    """Refuse a run recorded with a behaviour version this release does not replay (`AgentSpec.behavior_version`).
+
+    An exception that is not an `ApplicationError` fails the workflow task, not the run: it waits as it was.
+    """
+    if OLDEST_BEHAVIOR_VERSION <= spec.behavior_version <= BEHAVIOR_VERSION:
+        return
+    release = RELEASES_BY_BEHAVIOR_VERSION.get(spec.behavior_version)
+    raise UnsupportedBehaviorVersionError(workflow.info().workflow_id, spec.behavior_version, release,
+                                          OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION)
 
 
 def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
@@ -335,6 +351,7 @@ class CodeModeRunWorkflow:
             cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
                                 runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
+        _check_behavior_version(spec)
         self._deps = input.deps
         self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
@@ -343,7 +360,7 @@ class CodeModeRunWorkflow:
         self._tool_retries = dict(cont.tool_retries)
         self._approvals = Approvals(cont.approvals, DecisionRules(
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
-            starter=input.started_by, bounded_signals=spec.bounded_signals))
+            starter=input.started_by))
         messages: list[ModelMessage] = list(input.message_history)
         now = workflow.now()
         # As pydantic-ai does for a run given a history: its dynamic system prompts get the values of this run.
@@ -376,14 +393,16 @@ class CodeModeRunWorkflow:
             repl.close()
 
     @staticmethod
-    def _count(usage: RunUsage, response: ModelResponse, spec: AgentSpec) -> None:
-        """Add one model request, and its usage, to the run's (with its billed failed attempts, when recorded)."""
+    def _count(usage: RunUsage, response: ModelResponse) -> None:
+        """Add one model request, and its usage, to the run's, with the failed attempts it records (they were billed).
+
+        As `agent.run()` counts them: a `ModelFallback` or `FallbackModel` moved on from them.
+        """
         usage.incr(response.usage)
         usage.requests += 1
-        if spec.counts_failed_attempts:
-            for attempt in response.failed_attempts or ():
-                if attempt.usage is not None:
-                    usage.incr(attempt.usage)
+        for attempt in response.failed_attempts or ():
+            if attempt.usage is not None:
+                usage.incr(attempt.usage)
 
     async def _body(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
@@ -430,7 +449,7 @@ class CodeModeRunWorkflow:
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
-            if spec.seeds_before_model_request:
+            if spec.code_mode:
                 repl.reserve_session()
             hooked = spec.model_request_hooks  # recorded: runs from before hooks applied keep their bare responses
             answer = await self._progress.model_request(workflow.execute_activity(
@@ -453,7 +472,7 @@ class CodeModeRunWorkflow:
                     messages[:] = answer.messages
                 if answer.response is None or answer.retry is not None:
                     if answer.response is not None:
-                        self._count(usage, answer.response, spec)
+                        self._count(usage, answer.response)
                         messages.append(answer.response)
                     assert answer.retry is not None, "a model step without a response asks for a retry"
                     self._output_retries += 1
@@ -462,7 +481,7 @@ class CodeModeRunWorkflow:
                 response = answer.response
             else:
                 response = answer
-            self._count(usage, response, spec)
+            self._count(usage, response)
             self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
             text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
@@ -727,13 +746,8 @@ class CodeModeRunWorkflow:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
         args_text = one_line(args)  # once per call: the summary's preview and the record's
         label = f"{tool}({clip(args_text, 120)[1:-1] if args else ''})"
-        if self._spec.compact_tool_calls:  # the tool and call id are in the activity's type and id already
-            options["summary"] = label
-            payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
-        else:  # as runs recorded before the flag sent it
-            options["summary"] = f"{call_id} {label}"
-            payload = ToolCallInput(tool=tool, args=args, call_id=call_id, deps=self._deps,
-                                    schema_digest=spec.schema_digest)
+        options["summary"] = label  # the tool and call id are in the activity's type and id already
+        payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"
         settled: Settled

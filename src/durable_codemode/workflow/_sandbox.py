@@ -12,8 +12,7 @@ This module runs inside workflow code, so it must be deterministic given the his
 
 The non-deterministic outcomes are how long a stretch of compute takes (wall time) and a crashed sandbox. Each
 is decided once, live, and recorded in that workflow task (a `workflow.patched` marker and the compute activity,
-see `_SnippetDriver`): a replay reads it and never times anything. (Runs recorded before this, whose spec has no
-`compute_escalation`, ended the workflow run by continue-as-new in the same task instead, and still do.)
+see `_SnippetDriver`): a replay reads it and never times anything.
 
 A run holds a sandbox process only while its program computes, within one activation: whenever the program waits on
 Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back to the pool,
@@ -60,7 +59,6 @@ from .._config import is_time_limit, monty_limits
 from .._files import FILES_ROOT
 from .._names import (
     COMPUTE_ACTIVITY,
-    SANDBOX_GUARDS_PATCH,
     compute_activity_id,
     compute_marker,
     nested_call_id,
@@ -162,15 +160,6 @@ def _real_type_errors(error: MontyTypingError, *, lenient_names: bool) -> str:
     return "\n".join(line for line in error.display().splitlines() if not any(d in line for d in dropped)).strip()
 
 
-def _guarded(spec: AgentSpec) -> bool:
-    """Whether a guard that would act here does.
-
-    In every run that recorded `sandbox_guards`, and in runs of the release that marked guards with a patch
-    instead (asked only then, so runs older than both replay as they ran).
-    """
-    return spec.sandbox_guards or workflow.patched(SANDBOX_GUARDS_PATCH)
-
-
 def _replaying() -> bool:
     return workflow.unsafe.is_replaying()
 
@@ -221,7 +210,7 @@ class Repl:
         """What `Monty.checkout` is given for a session of this run (`seed` seeds its `random`)."""
         return {
             "script_name": "snippet.py",
-            "limits": monty_limits(self._spec.limits, escalating=self._spec.compute_escalation, replaying=replaying),
+            "limits": monty_limits(self._spec.limits, replaying=replaying),
             "os_policy": {"datetime": "call_host", "sleep": "call_host", "random_start": {"seed": seed}},
             "type_check": True,
             "type_check_stubs": (TYPE_CHECK_PRELUDE + self._spec.stubs
@@ -230,19 +219,17 @@ class Repl:
             "type_check_format": "concise",
         }
 
-    def _checkout(self, *, seed: int | None = None, warm_key: str | None = None) -> pydantic_monty.MontySession:
-        """A fresh session from the pool; `seed` seeds its `random` (default: drawn from `workflow.random()`).
+    def _checkout(self, *, seed: int, warm_key: str | None = None) -> pydantic_monty.MontySession:
+        """A fresh session from the pool; `seed` seeds its `random` (drawn from `workflow.random()` by the caller).
 
-        A session that only loads a suspended program gets a fixed seed: the dump brings its own `random` state,
-        and drawing would change the `workflow.random()` stream (and so `os.urandom`) of runs recorded before
-        programs were released while they wait. `warm_key`: the session warmed for this snippet, if there is
-        one (`reserve_session`), is taken instead of a cold one.
+        A session that only loads a suspended program gets a fixed seed: the dump brings its own `random` state.
+        `warm_key`: the session warmed for this snippet, if there is one (`reserve_session`), is taken instead of a
+        cold one.
         """
         # A replayed task gets a process without the live backstop: what it re-runs, the live run finished in
         # workflow code, and its outcome must not depend on how fast this machine is (see `_pool`).
         replaying = _replaying()
-        options = self._checkout_options(workflow.random().getrandbits(63) if seed is None else seed,
-                                         replaying=replaying)
+        options = self._checkout_options(seed, replaying=replaying)
         checkout = _pool.POOL.session(options, kind="replay" if replaying else "live",
                                       warm_key=None if replaying else warm_key)
         try:
@@ -261,8 +248,8 @@ class Repl:
 
         A session's first type check costs ~15 ms (`_pool.SandboxPool.prewarm_session`); drawn here, the seed is
         known while the request is in flight, so a fresh session for the snippet it may bring can be warmed
-        meanwhile. Runs that record `AgentSpec.seeds_before_model_request` draw it here, whether a session is
-        warmed or not (and a replay warms none): the same draws, live and on replay. A reservation not yet taken stands.
+        meanwhile. Every code-mode run draws it here, whether a session is warmed or not (and a replay warms none):
+        the same draws, live and on replay. A reservation not yet taken stands.
         """
         if self._reserved is not None:
             return
@@ -314,13 +301,12 @@ class Repl:
         self.close()
         return state
 
-    def unpark(self, state: bytes, streams: CollectStreams, *, draw_seed: bool = False) -> Any:
+    def unpark(self, state: bytes, streams: CollectStreams) -> Any:
         """Load a parked program into a fresh sandbox process; returns its re-announced snapshot.
 
-        `draw_seed`: draw the new session's seed from `workflow.random()` anyway, as programs parked for a person
-        always did (the draw is part of how their runs replay).
+        The session gets a fixed seed: the dump brings its own `random` state.
         """
-        self._session = self._checkout(seed=None if draw_seed else 0)
+        self._session = self._checkout(seed=0)
         return self._session.load_snapshot(state, print_callback=streams)
 
     def close(self) -> None:
@@ -375,12 +361,12 @@ class Repl:
     def _may_keep_between_snippets(self) -> bool:
         """Whether the session may stay checked out while the run waits on its model (see `run`).
 
-        Live only, in runs with compute escalation: the dump taken at the snippet's end stays the REPL of record
+        Live only: the dump taken at the snippet's end stays the REPL of record
         (a continue-as-new carries it, the compute activity computes from it), and the kept session is the same
         REPL, so feeding it the next snippet computes what loading the dump would. A replay loads dumps as it
         always did (a session checked out by a replay has no live backstop, and must not go on live).
         """
-        return self._spec.compute_escalation and not _replaying()
+        return not _replaying()
 
     def adopt(self, state: bytes | None) -> None:
         """Make `state` (a REPL dump between snippets, or `None`: fresh) the REPL; no process is held."""
@@ -408,15 +394,12 @@ class Repl:
         try:
             self._session.load_session(state)
         except MontyCrashedError:
-            if not self._spec.compute_escalation:
-                raise
             self.close()
             self._idle_state = state
             raise  # the process died under the load: the driver goes on in the compute activity
         except MontyError as e:  # deterministic for the same dump and Monty version, so replay-safe
             self.close()
-            # Runs recorded before compute escalation drew a second seed here; they still do, to replay.
-            self._session = self._checkout(seed=seed if self._spec.compute_escalation else None)
+            self._session = self._checkout(seed=seed)
             return self._session, (f"The REPL could not be restored ({type(e).__name__}: {e}) and was restarted: "
                                    "variables from earlier run_code calls are gone.")
         return self._session, None
@@ -427,7 +410,6 @@ class _Parked:
     """A program dumped while it waited; loaded again (`Repl.unpark`) only when its next stretch runs."""
 
     state: bytes
-    draw_seed: bool = False
 
 
 @dataclass
@@ -504,12 +486,12 @@ class _SnippetDriver:
     """Answers one snippet's suspensions until it completes.
 
     The program runs in *stretches* of compute, each between two host round trips; stretch 0 starts the
-    snippet, stretch n runs from the answer to round trip n. With compute escalation (`AgentSpec`), each live
-    stretch is timed, and one past the in-workflow budget is recorded by a `workflow.patched` marker
-    (`compute_marker`) and the compute activity, in the same workflow task: finished in workflow code, its
-    outcome is recorded; killed by the live backstop, or by a crash, it is computed again in the activity from
-    the last dump (`_Base`). A replay asks for the marker before every stretch and, when it is there, takes the
-    activity's recorded outcome instead of running the stretch: no replay times anything.
+    snippet, stretch n runs from the answer to round trip n. Each live stretch is timed, and one past the
+    in-workflow budget is recorded by a `workflow.patched` marker (`compute_marker`) and the compute activity, in
+    the same workflow task: finished in workflow code, its outcome is recorded; killed by the live backstop, or by
+    a crash, it is computed again in the activity from the last dump (`_Base`). A replay asks for the marker
+    before every stretch and, when it is there, takes the activity's recorded outcome instead of running the
+    stretch: no replay times anything.
     """
 
     def __init__(self, repl: Repl, tools: set[str], code: str, run_code_id: str, *, snippet: int) -> None:
@@ -520,7 +502,6 @@ class _SnippetDriver:
         self._code = code
         self._run_code_id = run_code_id
         self._snippet = snippet
-        self._escalating = spec.compute_escalation
         self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
         self._started: dict[int, _InFlight] = {}
         """Tool calls in flight, by Monty call id: what their record says if the program ends before they do."""
@@ -560,7 +541,7 @@ class _SnippetDriver:
                 snap = await self._first_stretch()
                 while not isinstance(snap, (MontyComplete, _Completed)):
                     self._answers += 1
-                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT and _guarded(self._spec):
+                    if self._answers > MAX_ANSWERS_WITHOUT_WAIT:
                         return self._stopped()
                     if isinstance(snap, FunctionSnapshot):
                         current, answer = await self._answer_call(snap)
@@ -588,17 +569,6 @@ class _SnippetDriver:
         except MontyTypingError as e:
             return self._rejected("type error", _real_type_errors(e, lenient_names=self._repl.lenient_names))
         except MontyRuntimeError as e:
-            if is_time_limit(e) and not self._escalating:
-                return SnippetOutcome(
-                    kind="compute_limit",
-                    content={
-                        "error": f"{e.display('type-msg')}. The program used more than its compute budget "
-                        f"({limits.max_turn_seconds:g} s between tool calls, {limits.max_feed_seconds:g} s in "
-                        "all) and was stopped. The REPL was restarted: variables from earlier run_code calls "
-                        "are gone. Do heavy work in smaller steps, or with fewer loops over the data."
-                    },
-                    calls=self._calls,
-                )
             return SnippetOutcome(kind="error", content=self._error_content(e.display("type-msg"), e.display()),
                                   calls=self._calls)
         except MontyCrashedError as e:
@@ -623,11 +593,8 @@ class _SnippetDriver:
     # -- stretches
 
     def _replayed_rejection(self) -> bool | None:
-        """On replay of a run that records rejections: whether the checker rejected this snippet live.
-
-        `None`: check it (live, or a replay of a run recorded before rejections were).
-        """
-        if not _replaying() or not self._spec.records_type_check_rejections:
+        """On replay: whether the checker rejected this snippet live; `None` live (check it)."""
+        if not _replaying():
             return None
         return workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
 
@@ -657,7 +624,7 @@ class _SnippetDriver:
                 raise _SnippetEnded(SnippetOutcome(kind="rejected", content=_RECORDED_REJECTION,
                                                    calls=self._calls)) from e
             if real:
-                if rejected is None and self._spec.records_type_check_rejections and not _replaying():
+                if rejected is None and not _replaying():
                     workflow.patched(type_check_rejection_marker(self._snippet, self._run_code_id))
                 raise
             self._repl.lenient_names = True
@@ -675,9 +642,6 @@ class _SnippetDriver:
         # Asked before the compute marker: live, a rejection is recorded while the stretch runs, before it.
         self._rejected_on_replay = self._replayed_rejection()
         self._start_state = self._repl.idle_dump
-        if not self._escalating:
-            session, self.lost_note = self._repl.open_session(seed, warm_key)
-            return self._feed(session)
         self._base = _Base("feed", self._start_state, printed="")
         if _replaying() and workflow.patched(self._marker(0)):
             return await self._from_activity(self._request(seed))
@@ -694,10 +658,6 @@ class _SnippetDriver:
     async def _next_stretch(self, current: Any, answer: Any) -> Any:
         """Answer a host round trip: the program computes on to its next one, or its end."""
         self._stretch += 1
-        if not self._escalating:
-            if isinstance(current, _Parked):
-                current = self._repl.unpark(current.state, self._streams, draw_seed=current.draw_seed)
-            return current.resume() if answer is NAME_LOOKUP else current.resume(answer)
         assert self._base is not None
         if isinstance(current, _Parked):
             self._base = _Base("snapshot", current.state, printed=self._printed())
@@ -889,10 +849,10 @@ class _SnippetDriver:
         See `_guards` for what each refusal prevents.
         """
         problem = non_json_problem(kwargs, "the arguments")
-        if problem is not None and _guarded(self._spec):
+        if problem is not None:
             return {"exc_type": "TypeError", "message": f"{name}(): {problem}"}, 0
         in_flight = len(self._started)
-        if in_flight >= MAX_CALLS_IN_FLIGHT and _guarded(self._spec):
+        if in_flight >= MAX_CALLS_IN_FLIGHT:
             return {"exc_type": "RuntimeError", "message": f"{name}(): {in_flight} tool calls are already in "
                     f"flight, the most a program may have at once; gather at most {MAX_CALLS_IN_FLIGHT} calls "
                     "at a time (in batches)"}, 0
@@ -1026,7 +986,7 @@ class _SnippetDriver:
                     _pool.POOL.release_hold()
             else:
                 # The program waits on Temporal: release its process for the wait (see the module docstring).
-                current = _Parked(self._repl.park(snap), draw_seed=for_people and not self._escalating)
+                current = _Parked(self._repl.park(snap))
                 await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
             self._waited()
         answers: dict[int, Any] = {}
@@ -1045,19 +1005,18 @@ class _SnippetDriver:
     def _may_hold(self, ids: list[int], for_people: bool) -> bool:
         """Whether the program may keep its process while it waits on `ids` (see `_pool.SandboxPool.try_hold`).
 
-        Only in runs with compute escalation, only for waits on tool calls (not people, not timers: both can be
+        Only for waits on tool calls (not people, not timers: both can be
         long), and only while the last dump is recent enough to compute from again (a process that dies while
         held is replaced by the compute activity, from `_base` with the answers since). Replays hold too: their
         waits last no longer than the next activation from the history, and a dump and a load per wait made a
         replay twice the floor's time. Holding or not computes the same, so a replay may decide otherwise than
         the run it replays (and `_base` matters only live: a replay never sends a compute request).
         """
-        return (self._escalating and not for_people and self._base is not None
+        return (not for_people and self._base is not None
                 and len(self._base.answers) < _MAX_ANSWERS_SINCE_DUMP and all(i in self._started for i in ids))
 
     def _waiting_on_people(self, ids: list[int]) -> bool:
-        # Whether every pending call waits for a human. Such programs were the only ones parked before every
-        # wait released the process, and their unpark drew a seed; it still does, so their runs replay.
+        """Whether every pending call waits for a person: a wait that may last days, so never held."""
         return all(i in self._started and self._repl.awaiting_person(self._started[i].call_id) for i in ids)
 
     def _cancel_pending(self) -> None:

@@ -1,0 +1,135 @@
+"""One recorded behaviour version: runs of this release replay as they ran; runs of older ones are refused by name.
+
+Every run records `AgentSpec.behavior_version` when it starts. A run recorded with a version this release does not
+replay (0.1.0's runs record none: version 0) is refused by a workflow-task failure that names the release that
+replays it, so the run is never failed: it waits, unchanged, for a worker of that release or for someone to end it.
+
+`tests/histories/behavior_version_1.json` is a run of this behaviour version, recorded once by
+`python -m tests.test_behavior_version` (a program that gathers, draws random numbers, reads the clock, sleeps,
+waits for a person's approval and reuses its names in a second snippet); it must replay as long as version 1 is
+supported. The three `before_*.json` histories were recorded by 0.1.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.usage import RunUsage
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.worker import Replayer
+
+from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, ToolOptions, UnsupportedBehaviorVersionError
+from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode._names import WORKFLOW_TYPE
+from durable_codemode._types import BEHAVIOR_VERSION, Continuation, RunInput
+from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker, scripted_model
+from durable_codemode.worker._describe import describe_run
+from durable_codemode.worker._worker import workflow_runner
+
+HISTORIES = Path(__file__).parent / "histories"
+CURRENT = HISTORIES / f"behavior_version_{BEHAVIOR_VERSION}.json"
+RECORDED_BY_0_1 = ["before_parking.json", "before_sandbox_guards.json", "before_bounded_decisions.json"]
+
+PROGRAM = """
+import asyncio, random, time
+from datetime import datetime
+picks = [random.randint(0, 9) for _ in range(3)]
+values = await asyncio.gather(*(get(i=p) for p in picks))
+started = datetime.now()
+time.sleep(1)
+refund = await refund_order(order='A', cents=sum(values))
+[picks, values, refund, (datetime.now() - started).total_seconds()]
+"""
+
+
+def agent() -> CodeModeAgent:
+    """The agent of the recorded run (a replay needs only the history; this is for recording it again)."""
+    model = scripted_model(RunCode(PROGRAM), RunCode("len(values) + len(picks)"), lambda m: f"done: {last_result(m)}")
+    inner = Agent(model, name="behavior-v1")
+
+    @inner.tool_plain
+    def get(i: int) -> int:
+        """Item i's price in cents."""
+        return 10 * i
+
+    @inner.tool_plain
+    def refund_order(order: str, cents: int) -> str:
+        """Refund `cents` on `order` (a person approves it)."""
+        return f"refunded {cents} on {order}"
+
+    return CodeModeAgent(inner, tool_options={"refund_order": ToolOptions(requires_approval=True)})
+
+
+async def _replayed(name: str, text: str) -> BaseException | None:
+    replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
+                        workflow_runner=workflow_runner(), debug_mode=True)
+    result = await replayer.replay_workflow(WorkflowHistory.from_json(name, text), raise_on_replay_failure=False)
+    return result.replay_failure
+
+
+async def test_a_run_of_this_behaviour_version_replays_as_it_ran() -> None:
+    assert await _replayed("current", CURRENT.read_text()) is None
+
+
+@pytest.mark.parametrize("recorded", RECORDED_BY_0_1)
+async def test_a_run_recorded_by_0_1_is_refused_naming_the_release_that_replays_it(recorded: str) -> None:
+    failure = await _replayed(recorded, (HISTORIES / recorded).read_text())
+    assert failure is not None
+    assert "behaviour version 0, which durable-codemode 0.1.0 replays" in str(failure)
+    assert "pip install 'durable-codemode==0.1.0'" in str(failure)
+
+
+async def test_a_live_run_of_an_older_version_waits_and_its_task_failure_says_why(client: Client) -> None:
+    # As a worker of this release meets a run 0.1.0 started: its spec records no behaviour version.
+    durable = agent()
+    spec = await describe_run(durable)
+    spec.behavior_version = 0
+    tq = new_task_queue()
+    run_id = f"old-run-{os.urandom(3).hex()}"
+    async with running_worker(client, [durable], task_queue=tq):
+        handle = await client.start_workflow(
+            WORKFLOW_TYPE, RunInput(agent=durable.name, prompt="go", continuation=Continuation(
+                spec=spec, usage=RunUsage(), turns=[], runs=1)),
+            id=run_id, task_queue=tq, result_type=None)
+        reason = None
+        for _ in range(200):  # the worker's first workflow task fails; wait for its event
+            events = [e async for e in handle.fetch_history_events()]
+            failed = [e for e in events if e.HasField("workflow_task_failed_event_attributes")]
+            if failed:
+                reason = failed[0].workflow_task_failed_event_attributes.failure.message
+                break
+            await asyncio.sleep(0.05)
+        assert reason is not None and "behaviour version 0, which durable-codemode 0.1.0 replays" in reason
+        assert f"temporal workflow terminate --workflow-id '{run_id}'" in reason
+        assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING  # refused, never failed
+        await handle.terminate("refused by behaviour version, as the test expects")
+
+
+def test_the_refusal_of_a_run_newer_than_this_release_says_to_upgrade() -> None:
+    error = UnsupportedBehaviorVersionError("r-9", BEHAVIOR_VERSION + 1, None, 1, BEHAVIOR_VERSION)
+    assert "a newer release of durable-codemode replays" in str(error)
+    assert str(error).endswith("upgrade the workers of its task queue.")
+
+
+async def _record() -> None:
+    """Record `CURRENT` again: a run of `agent()` on an embedded dev server, its refund approved by `ana`."""
+    from durable_codemode import decide, pending_approvals, start_dev_server, start_run
+
+    async with await start_dev_server(banner="off") as env:
+        client, tq = env.client, new_task_queue()
+        async with running_worker(client, [agent()], task_queue=tq, unsigned_approvals=True):
+            handle = await start_run(client, "behavior-v1", "go", task_queue=tq)
+            while not (pending := await pending_approvals(client, handle.id)):
+                await asyncio.sleep(0.1)
+            await decide(client, handle.id, pending[0].call_id, approved=True, approver="ana")
+            print((await handle.result()).output)
+        history = await handle.fetch_history()
+    CURRENT.write_text(history.to_json())
+
+
+if __name__ == "__main__":
+    asyncio.run(_record())
