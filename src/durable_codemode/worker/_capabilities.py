@@ -53,6 +53,7 @@ __all__ = [
     "APPLIED_HOOKS",
     "REFUSED_HOOKS",
     "CapabilityUse",
+    "RunHooksMasked",
     "call_through_hooks",
     "extra_capabilities",
     "fallback_model_names",
@@ -337,13 +338,12 @@ def _has_hook(agent: Agent[Any, Any], hook: str) -> bool:
     return any(hook in _hooks_of(capability) for capability in extra_capabilities(agent))
 
 
-class _Quiet(WrapperCapability[Any]):
-    """A capability with its run and model-request hooks masked, for the worker's probing runs.
+class RunHooksMasked(WrapperCapability[Any]):
+    """A capability with its once-per-run hooks masked: `before_run`, `after_run`, `wrap_run`, `on_run_error`.
 
-    Those runs (describe, the output check) are pydantic-ai runs on a `FunctionModel` that ask what it would send,
-    or check a response the model already gave. The masked hooks ran once where they belong (`before_run` in
-    describe, the model-request hooks in the model activity) and must not run, rewrite the history, or see a
-    probe's answer again. Every other hook (instructions, output hooks) is the wrapped capability's.
+    For the pydantic-ai runs the worker makes that are not the user's run: its probes (`_Quiet`) and a model
+    request's one-step run (`_model_step`). Those hooks run once, where the durable run has them (the describe,
+    after-run and run-error activities). Every other hook is the wrapped capability's unless a subclass masks it.
     """
 
     async def before_run(self, ctx: RunContext[Any]) -> None:
@@ -357,6 +357,16 @@ class _Quiet(WrapperCapability[Any]):
 
     async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> Any:
         raise error
+
+
+class _Quiet(RunHooksMasked):
+    """A capability with its run and model-request hooks masked, for the worker's probing runs.
+
+    Those runs (describe, the output check) are pydantic-ai runs on a `FunctionModel` that ask what it would send,
+    or check a response the model already gave. The masked hooks ran once where they belong (`before_run` in
+    describe, the model-request hooks in the model activity) and must not run, rewrite the history, or see a
+    probe's answer again. Every other hook (instructions, output hooks) is the wrapped capability's.
+    """
 
     async def before_model_request(self, ctx: RunContext[Any],
                                    request_context: ModelRequestContext) -> ModelRequestContext:

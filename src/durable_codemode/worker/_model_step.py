@@ -29,7 +29,7 @@ from dataclasses import replace
 from typing import Any
 
 from pydantic_ai import Agent, CallToolsNode, ModelRequestNode, RunContext
-from pydantic_ai.capabilities import AbstractCapability, Instrumentation, WrapperCapability
+from pydantic_ai.capabilities import AbstractCapability, Instrumentation
 from pydantic_ai.capabilities.abstract import WrapRunHandler
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
 from pydantic_ai.models import Model
@@ -45,6 +45,7 @@ from pydantic_graph import End
 
 from .._pydantic_ai import override_root_capability, start_step
 from .._types import ModelStep, OutputSpec
+from ._capabilities import RunHooksMasked
 
 __all__ = ["RecordedTools", "model_step"]
 
@@ -79,23 +80,11 @@ class RecordedTools(AbstractToolset[Any]):
                            "their own activities (this is a bug in durable-codemode)")
 
 
-class _StepCapability(WrapperCapability[Any]):
+class _StepCapability(RunHooksMasked):
     """One of the agent's capabilities, for a model step: what acts once per run or at the run's start is masked.
 
     Every model-request hook, model setting and model wrapper is the capability's own.
     """
-
-    async def before_run(self, ctx: RunContext[Any]) -> None:
-        return None
-
-    async def after_run(self, ctx: RunContext[Any], *, result: Any) -> Any:
-        return result
-
-    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> Any:
-        return await handler()
-
-    async def on_run_error(self, ctx: RunContext[Any], *, error: BaseException) -> Any:
-        raise error
 
     async def prepare_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
         return tool_defs
