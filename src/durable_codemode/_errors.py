@@ -143,12 +143,13 @@ class UnsupportedBehaviorVersionError(CodeModeError):
         recorded = (f"run {workflow_id!r} was recorded with behaviour version {version}, which "
                     f"{release or 'a newer release of durable-codemode'} replays; this release replays behaviour "
                     f"versions {oldest} to {current}. Nothing was changed and the run waits: ")
+        self.requirement = f"durable-codemode=={release.rsplit(' ', 1)[-1]}" if release else None
+        """What `pip install` installs `release` with (`None` without one)."""
         if release is None:
             todo = "upgrade the workers of its task queue"
         else:
-            todo = (f"finish it with a worker of {release} on its task queue (pip install "
-                    f"'durable-codemode=={release.rsplit(' ', 1)[-1]}'), or end it (temporal workflow terminate "
-                    f"--workflow-id {workflow_id!r}) and start it again")
+            todo = (f"finish it with a worker of {release} on its task queue (pip install '{self.requirement}'), or "
+                    f"end it (temporal workflow terminate --workflow-id {workflow_id!r}) and start it again")
         super().__init__(recorded + todo + ".")
         self.workflow_id = workflow_id
         self.version = version

@@ -23,6 +23,7 @@ from temporalio.common import RetryPolicy
 from ._approvals import ApprovalRecord, RecordedApproverPolicy
 from ._carry import CarriedRepl
 from ._config import SnippetLimits
+from ._errors import UnsupportedBehaviorVersionError
 from ._files import CarriedFiles, FilesSpec
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "ToolCatalog",
     "ToolSpec",
     "TurnRecord",
+    "behavior_version_refusal",
     "bound_turns",
 ]
 
@@ -309,6 +311,18 @@ class AgentSpec:
         # Looked up on every tool call, and a large catalog has thousands of tools. Not a field: never serialized,
         # and a recorded spec is never changed in place (a changed one is a new `AgentSpec`).
         return {t.name: t for t in self.tools}
+
+
+def behavior_version_refusal(spec: AgentSpec, workflow_id: str) -> UnsupportedBehaviorVersionError | None:
+    """Why this release does not replay run `workflow_id` of `spec` (the error a replay raises); `None` if it does.
+
+    The one check of `AgentSpec.behavior_version`: the run workflow raises the error, the replay report explains it.
+    """
+    version = spec.behavior_version
+    if OLDEST_BEHAVIOR_VERSION <= version <= BEHAVIOR_VERSION:
+        return None
+    return UnsupportedBehaviorVersionError(workflow_id, version, RELEASES_BY_BEHAVIOR_VERSION.get(version),
+                                           OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION)
 
 
 @pydantic_dataclass(kw_only=True)

@@ -37,7 +37,7 @@ from .._errors import CodeModeUserError
 from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
 from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
-from .._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
+from .._types import behavior_version_refusal
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import serve, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
@@ -498,14 +498,13 @@ def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrac
     message = failure_message(capture.failure)
     recorded = read_run(history)
     div = Divergence(cause="other", explanation="", message=message)
-    version = recorded.spec.behavior_version if recorded.spec is not None else None
-    if version is not None and not OLDEST_BEHAVIOR_VERSION <= version <= BEHAVIOR_VERSION:
+    refusal = behavior_version_refusal(recorded.spec, history.workflow_id) if recorded.spec is not None else None
+    if refusal is not None:
         div.cause = "behavior_version_unsupported"
-        release = RELEASES_BY_BEHAVIOR_VERSION.get(version)
         div.explanation = (
-            f"the run was recorded with behaviour version {version}, which this release does not replay: replay it "
-            + (f"with {release} (pip install 'durable-codemode=={release.rsplit(' ', 1)[-1]}')." if release else
-               "with the newer release that recorded it."))
+            f"the run was recorded with behaviour version {refusal.version}, which this release does not replay: "
+            "replay it " + (f"with {refusal.release} (pip install '{refusal.requirement}')." if refusal.release else
+                            "with the newer release that recorded it."))
         return div
     if _RULE_UNKNOWN in message:
         div.cause = "approval_rule_unknown"

@@ -52,7 +52,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._decisions import batch_of, decision_of
-    from .._errors import UnsupportedBehaviorVersionError
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
     from .._names import (
         AFTER_RUN_ACTIVITY,
@@ -72,9 +71,6 @@ with workflow.unsafe.imports_passed_through():
     from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
-        BEHAVIOR_VERSION,
-        OLDEST_BEHAVIOR_VERSION,
-        RELEASES_BY_BEHAVIOR_VERSION,
         AfterRunInput,
         AgentSpec,
         CallRecord,
@@ -91,6 +87,7 @@ with workflow.unsafe.imports_passed_through():
         ToolCallInput,
         ToolSpec,
         TurnRecord,
+        behavior_version_refusal,
         bound_turns,
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
@@ -151,18 +148,6 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         if isinstance(cause, ApplicationError):
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
         raise
-
-
-def _check_behavior_version(spec: AgentSpec) -> None:
-    """Refuse a run recorded with a behaviour version this release does not replay (`AgentSpec.behavior_version`).
-
-    An exception that is not an `ApplicationError` fails the workflow task, not the run: it waits as it was.
-    """
-    if OLDEST_BEHAVIOR_VERSION <= spec.behavior_version <= BEHAVIOR_VERSION:
-        return
-    release = RELEASES_BY_BEHAVIOR_VERSION.get(spec.behavior_version)
-    raise UnsupportedBehaviorVersionError(workflow.info().workflow_id, spec.behavior_version, release,
-                                          OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION)
 
 
 def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
@@ -351,7 +336,9 @@ class CodeModeRunWorkflow:
             cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
                                 runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
-        _check_behavior_version(spec)
+        if (refusal := behavior_version_refusal(spec, workflow.info().workflow_id)) is not None:
+            # Not an `ApplicationError`: it fails the workflow task, not the run, which waits as it was.
+            raise refusal
         self._deps = input.deps
         self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
