@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._files import RunFiles
 from ._pool import PoolSettings
+from ._run_events import EventStreamSettings
 from ._signing import ApproverKeyring
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
@@ -46,6 +47,7 @@ from .client._operations import (
     wait_for_approvals,
 )
 from .client._signer import ApprovalSigner, generate_approver_key
+from .client._stream import RunEventItem, stream_events
 from .worker._agent import CodeModeAgent, ToolSelector
 from .worker._child_runs import child_run_tool
 from .worker._context import ToolCallContext, current_call
@@ -72,6 +74,7 @@ __all__ = [
     "CodeModeRunWorkflow",
     "CodeModeUserError",
     "DecisionConflictError",
+    "EventStreamSettings",
     "InvalidRunInputError",
     "LocalPayloadStore",
     "PendingApproval",
@@ -79,6 +82,7 @@ __all__ = [
     "RecordedApproverPolicy",
     "RejectedDecision",
     "RunClosedError",
+    "RunEventItem",
     "RunFailedError",
     "RunFiles",
     "RunInput",
@@ -108,6 +112,7 @@ __all__ = [
     "run_result",
     "start_dev_server",
     "start_run",
+    "stream_events",
     "temporal_cli_path",
     "typed_result",
     "wait_for_approvals",

@@ -29,6 +29,7 @@ __all__ = [
     "STATUS_RUNNING",
     "STATUS_SEARCH_ATTRIBUTE",
     "STATUS_WAITING",
+    "STREAM_INFO_QUERY",
     "WORKFLOW_TYPE",
     "batch_activity_id",
     "call_digest",
@@ -49,6 +50,10 @@ WORKFLOW_TYPE = "durable-codemode.run"
 CHILD_APPROVALS_SIGNAL = "durable-codemode.child_approvals"
 """What a child run (a sub-agent a tool runs durably, `child_run_tool`) sends its parent whenever the calls it waits
 on for a person change, so the parent's `pending_approvals` lists them (`ChildApprovals`)."""
+
+STREAM_INFO_QUERY = "durable-codemode.stream_info"
+"""Whether a run streams its events, and the offsets its stream keeps (`StreamInfo`); the events themselves are
+read with Workflow Streams' own poll query (`client/_stream`)."""
 
 CHILD_RUN_METADATA = "codemode_child_run"
 """The tool metadata key naming the agent a `child_run_tool` runs as a child run; recorded as `ToolSpec.child_run`."""

@@ -29,6 +29,7 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.usage import RunUsage
 
 if TYPE_CHECKING:
+    from pydantic_ai import RunContext
     from pydantic_ai.models.instrumented import InstrumentationSettings
     from pydantic_ai.run import AgentRun
     from pydantic_ai.toolsets import AbstractToolset
@@ -45,6 +46,7 @@ __all__ = [
     "resolves_per_run",
     "run_capabilities",
     "start_step",
+    "step_run_context",
 ]
 
 PRIVATE_NAMES: dict[str, tuple[str, str]] = {
@@ -75,6 +77,9 @@ PRIVATE_NAMES: dict[str, tuple[str, str]] = {
     "resolves_per_run": (
         "MCPToolset._resolves_per_run",
         "a public flag for an MCP toolset whose auth or headers are a function of the run"),
+    "step_run_context": (
+        "pydantic_ai._agent_graph.build_run_context",
+        "a public RunContext of an AgentRun (AgentRun.run_context), as agent.run() hands its event_stream_handler"),
 }
 """Each function of this module, with the private name it reads and the public API that would replace it."""
 
@@ -205,3 +210,14 @@ def agent_settings(agent: Agent[Any, Any]) -> AgentSettings:
 def resolves_per_run(toolset: AbstractToolset[Any]) -> bool:
     """Whether `toolset` is an MCP server whose auth or headers are a function of the run (refused by name)."""
     return bool(getattr(toolset, "_resolves_per_run", False))
+
+
+def step_run_context(run: AgentRun[Any, Any]) -> RunContext[Any]:
+    """The `RunContext` `agent.run()` hands its `event_stream_handler` with a node's events, for a model step's.
+
+    pydantic-ai builds it from the graph's context for each node it streams; `AgentRun` offers only the graph's.
+    """
+    from pydantic_ai._agent_graph import build_run_context
+
+    context: RunContext[Any] = build_run_context(run.ctx)
+    return context

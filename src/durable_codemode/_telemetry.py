@@ -70,7 +70,7 @@ from ._names import (
 )
 
 if TYPE_CHECKING:
-    from pydantic_ai.messages import ModelResponse
+    from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 
     from ._approvals import ApprovalRecord, PendingApproval
     from ._types import CallRecord, RunResult
@@ -194,12 +194,13 @@ class RunTelemetry:
     """An observer of one workflow run: the hooks the run workflow calls at each of its steps.
 
     Two kinds of hook: the wrapping ones (`run`, `model_request`, `snippet`, `call`) get the step's awaitable
-    and return one that awaits it (a span around it); the notices (`approvals`, `call_made`,
-    `run_code_refused`) return nothing. An observer must not change what the workflow does: it issues no
-    command, and a wrapped awaitable's result (or exception) is handed on as it is.
+    and return one that awaits it (a span around it); the notices (`approvals`, `call_made`, `run_code_refused`,
+    `printed`, the approval and child-run notices, ...) return nothing. An observer must not change what the
+    workflow does: it issues no command, and a wrapped awaitable's result (or exception) is handed on as it is.
 
     Observers are attached to a run before it starts, by a workflow interceptor (`observe_run`): the spans of a
-    tracing worker, and the history tools' replays (`history/_capture`). This base is the "off" case: every hook
+    tracing worker, and the history tools' replays (`history/_capture`); and by the run itself, its live event
+    stream when it streams (`workflow/_event_stream`). This base is the "off" case: every hook
     returns its awaitable unchanged and ignores its notices.
     """
 
@@ -238,6 +239,46 @@ class RunTelemetry:
              args: dict[str, Any], approvals: Approvals) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
         """A nested- (or direct-) call span around one tool call, its approval wait included."""
         return coro
+
+    def tool_calls(self, calls: Sequence[ToolCallPart]) -> None:
+        """The model's function tool calls of one response are about to run (`run_code` and direct tools)."""
+
+    def tool_returned(self, part: ToolReturnPart) -> None:
+        """One of them is answered: `part` goes back to the model (a retry request when `part.outcome` says so)."""
+
+    def printed(self, *, call_id: str, text: str) -> None:
+        """The program of `run_code` call `call_id` printed `text` since its last notice.
+
+        Given whenever the program next waits on Temporal, and at its end: at points a replay reaches with the same
+        text, so an observer that numbers what it is told numbers it the same on replay.
+        """
+
+    def compute_escalated(self, *, call_id: str, stretch: int, reason: str) -> None:
+        """The program of `run_code` call `call_id` computed past its in-workflow budget.
+
+        The compute activity goes on from its last dump (`stretch` 0: from its start).
+        """
+
+    def approval_waiting(self, pending: PendingApproval, *, policy: str | None) -> None:
+        """A call starts waiting for a person (`policy`: who may decide, in words; `None`: anyone accepted)."""
+
+    def approval_decided(self, record: ApprovalRecord) -> None:
+        """A waiting call was decided (by a person, or its timeout).
+
+        `record.settled` is false for one approval of several the policy requires.
+        """
+
+    def child_run_started(self, *, call_id: str, run_id: str, agent: str) -> None:
+        """Call `call_id` starts a child run `run_id` of `agent` (`child_run_tool`)."""
+
+    def child_run_ended(self, *, call_id: str, run_id: str, error: str | None) -> None:
+        """The child run of call `call_id` ended: completed (`error` is `None`) or failed."""
+
+    def continuing(self, *, run_index: int) -> None:
+        """The run continues as new workflow run number `run_index`.
+
+        In this workflow task: nothing is awaited between this notice and the continue-as-new.
+        """
 
     @contextmanager
     def run_parent(self) -> Iterator[None]:
@@ -293,6 +334,42 @@ class _Observers(RunTelemetry):
         for observer in reversed(self._all):
             coro = observer.call(coro, tool=tool, call_id=call_id, args=args, approvals=approvals)
         return coro
+
+    def tool_calls(self, calls: Sequence[ToolCallPart]) -> None:
+        for observer in self._all:
+            observer.tool_calls(calls)
+
+    def tool_returned(self, part: ToolReturnPart) -> None:
+        for observer in self._all:
+            observer.tool_returned(part)
+
+    def printed(self, *, call_id: str, text: str) -> None:
+        for observer in self._all:
+            observer.printed(call_id=call_id, text=text)
+
+    def compute_escalated(self, *, call_id: str, stretch: int, reason: str) -> None:
+        for observer in self._all:
+            observer.compute_escalated(call_id=call_id, stretch=stretch, reason=reason)
+
+    def approval_waiting(self, pending: PendingApproval, *, policy: str | None) -> None:
+        for observer in self._all:
+            observer.approval_waiting(pending, policy=policy)
+
+    def approval_decided(self, record: ApprovalRecord) -> None:
+        for observer in self._all:
+            observer.approval_decided(record)
+
+    def child_run_started(self, *, call_id: str, run_id: str, agent: str) -> None:
+        for observer in self._all:
+            observer.child_run_started(call_id=call_id, run_id=run_id, agent=agent)
+
+    def child_run_ended(self, *, call_id: str, run_id: str, error: str | None) -> None:
+        for observer in self._all:
+            observer.child_run_ended(call_id=call_id, run_id=run_id, error=error)
+
+    def continuing(self, *, run_index: int) -> None:
+        for observer in self._all:
+            observer.continuing(run_index=run_index)
 
     @contextmanager
     def run_parent(self) -> Iterator[None]:

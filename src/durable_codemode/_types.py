@@ -19,12 +19,14 @@ from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage, UsageLimits
 from temporalio.common import RetryPolicy
+from temporalio.contrib.workflow_streams import WorkflowStreamState
 
 from ._approvals import ApprovalRecord, RecordedApproverPolicy
 from ._carry import CarriedRepl
 from ._config import SnippetLimits
 from ._errors import UnsupportedBehaviorVersionError
 from ._files import CarriedFiles, FilesSpec
+from ._run_events import EventStreamSettings
 
 __all__ = [
     "BEHAVIOR_VERSION",
@@ -46,6 +48,7 @@ __all__ = [
     "DynamicPrompt",
     "ModelRequestInput",
     "ModelStep",
+    "ModelStreamTarget",
     "OutputInput",
     "OutputSpec",
     "OutputVerdict",
@@ -111,6 +114,13 @@ class RunInput:
 
     continuation: Continuation | None = None
     """Set by the runtime when a run continues as new; never set it yourself."""
+
+    stream: bool | None = None
+    """Whether the run streams its events (`start_run(stream=...)`): `True` with the agent's `EventStreamSettings`
+    (or the defaults), `False` not even if the agent does, `None` as the agent says (`CodeModeAgent(stream=...)`)."""
+
+    stream_state: WorkflowStreamState | None = None
+    """The event stream a continue-as-new carries into the next run (set by the runtime; never set it yourself)."""
 
 
 @dataclass(kw_only=True)
@@ -296,6 +306,9 @@ class AgentSpec:
     """Whether the agent's capabilities have `on_run_error` hooks: a failure of the run's body goes through them in
     the run-error activity, and a result they return recovers the run. `False`: no such hooks, or a run recorded
     before they were applied (it fails as it ran)."""
+    stream: EventStreamSettings | None = None
+    """How the agent's runs stream their events (`CodeModeAgent(stream=...)`); `None`: they do not, unless a run
+    asks (`RunInput.stream`). Recorded, so a deploy never changes what an open run's stream keeps."""
     behavior_version: int = 0
     """How this run behaves where releases of durable-codemode differ (`BEHAVIOR_VERSION`): recorded when the run
     starts, so a replay takes the same decisions. `0`: recorded before the field, by a release this one does not
@@ -546,6 +559,17 @@ class ModelRequestInput:
     """Output retries the run has used (`hooks` only): a hook's `ModelRetry` past the agent's budget fails the run."""
     native_tools: list[AbstractNativeTool] = field(default_factory=list)
     """The provider tools the request offers (`AgentSpec.native_tools`)."""
+    stream: ModelStreamTarget | None = None
+    """Publish the model's stream to the run's event stream (`worker/_model_stream`); `None`: the run does not
+    stream, and the request is made as before."""
+
+
+@dataclass(kw_only=True)
+class ModelStreamTarget:
+    """Where and how a model activity publishes what its model streams: the run's stream, as model turn `turn`."""
+
+    turn: int
+    batch_interval: timedelta
 
 
 @dataclass(kw_only=True)

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import uuid
@@ -32,7 +33,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
@@ -138,12 +139,17 @@ def user_prompt(messages: Sequence[ModelMessage]) -> str:
     raise ValueError("the conversation has no text prompt from the user")
 
 
-def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:
+def scripted_model(*steps: Step, name: str = "scripted", chunk_chars: int = 16,
+                   chunk_delay: float = 0.0) -> FunctionModel:
     """A model that answers turn k with `steps[k]` (k = responses so far in the conversation).
 
     Being a function of the conversation, not of a counter, it gives the same answer to a retried request and
     keeps its place across continue-as-new. A run that asks for more turns than the script has gets an error
     saying so.
+
+    It streams too (a run that streams its events asks it so): the same response, `chunk_chars` characters of text
+    or tool arguments per chunk, `chunk_delay` seconds apart (0: as fast as it can; a benchmark's stand-in for a
+    model's pace).
     """
 
     def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -170,7 +176,22 @@ def scripted_model(*steps: Step, name: str = "scripted") -> FunctionModel:
                 parts.append(ToolCallPart(call.name, dict(call.args), tool_call_id=call.id or default_id))
         return ModelResponse(parts=list(parts), model_name=name)
 
-    return FunctionModel(respond, model_name=name)
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        response = respond(messages, info)
+        for index, part in enumerate(response.parts):
+            assert isinstance(part, (TextPart, ToolCallPart)), "a scripted response has text and tool calls only"
+            text = part.content if isinstance(part, TextPart) else part.args_as_json_str()
+            for start in range(0, max(len(text), 1), chunk_chars):
+                if chunk_delay:
+                    await asyncio.sleep(chunk_delay)
+                chunk = text[start:start + chunk_chars]
+                if isinstance(part, TextPart):
+                    yield chunk
+                else:
+                    yield {index: DeltaToolCall(name=part.tool_name if start == 0 else None, json_args=chunk,
+                                                tool_call_id=part.tool_call_id if start == 0 else None)}
+
+    return FunctionModel(respond, stream_function=stream, model_name=name)
 
 
 def new_task_queue(prefix: str = "test") -> str:

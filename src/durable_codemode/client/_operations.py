@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage, UsageLimits
@@ -270,6 +271,7 @@ async def start_run(
     run_id: str | None = None,
     started_by: str | None = None,
     instructions: str | None = None,
+    stream: bool | None = None,
 ) -> WorkflowHandle[CodeModeRunWorkflow, RunResult[Any]]:
     """Start an agent run and return its handle; `await handle.result()` gives the `RunResult`.
 
@@ -301,6 +303,9 @@ async def start_run(
             when the run starts and sent with every model request of the run.
         started_by: who starts the run, recorded with it: an approver policy with `allow_self_approval=False`
             refuses this person's approvals of the run's calls. As the caller says (not authenticated).
+        stream: whether the run streams its events live (`stream_events(client, handle.id)`): `True` with the
+            agent's `EventStreamSettings` (or the defaults), `False` not even if its agent does, `None` (the
+            default) as its agent says (`CodeModeAgent(stream=...)`). Recorded with the run.
 
     Raises:
         InvalidRunInputError: an empty agent name or prompt, a model pydantic-ai does not know, a malformed
@@ -321,6 +326,9 @@ async def start_run(
     if model_settings is not None and not isinstance(model_settings, dict):
         raise InvalidRunInputError(f"model_settings must be a dict (pydantic-ai ModelSettings), got "
                                    f"{type(model_settings).__name__}")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRunInputError(f"stream must be True, False or None (as the agent says), got "
+                                   f"{type(stream).__name__}")
     if usage is not None and not isinstance(usage, RunUsage):
         raise InvalidRunInputError(f"usage must be pydantic_ai.usage.RunUsage (a previous run's RunResult.usage), got "
                                    f"{type(usage).__name__}")
@@ -328,7 +336,7 @@ async def start_run(
                          deps=run_deps, deps_type=deps_type,
                          model_settings=dict(model_settings) if model_settings else None,
                          usage_limits=check_usage_limits(usage_limits), started_by=started_by,
-                         instructions=instructions, usage=usage)
+                         instructions=instructions, usage=usage, stream=stream)
     workflow_id = run_id or f"{name}-{uuid.uuid4().hex[:12]}"
     try:
         return await client.start_workflow(CodeModeRunWorkflow.run, run_input, id=workflow_id,
@@ -355,6 +363,8 @@ async def run_agent(
     run_id: str | None = None,
     instructions: str | None = None,
     output_type: Any = None,
+    event_stream_handler: EventStreamHandler[Any] | None = None,
+    stream: bool | None = None,
 ) -> RunResult[Any]:
     """Start an agent run and wait for its result (see `start_run` for the arguments), its output as `output_type`.
 
@@ -365,12 +375,26 @@ async def run_agent(
     `usage`, as in `agent.run(usage=...)`, is counted into: once the run ends it holds the total (the run's
     `RunResult.usage`, which is then that same object), so one `RunUsage` passed to each run of a conversation
     keeps its running total, and each run's `usage_limits` count the runs before it.
+
+    `event_stream_handler`, as in `agent.run(event_stream_handler=...)`, is called here, in the caller, with the
+    run's events as the run publishes them (so the run streams: `stream` is taken as `True`): once per model request
+    with its parts and deltas, once per response with its tool calls and what they did, a program's code-mode
+    events among them (`durable_codemode.events`). Its `RunContext` carries `deps` and `prompt` as given here and the
+    run's id; it runs while the run runs on its worker, so what it raises stops the waiting here, not the run.
     """
+    if event_stream_handler is not None and stream is False:
+        raise InvalidRunInputError("event_stream_handler needs the run's events: drop stream=False")
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
-                             usage_limits=usage_limits, usage=usage, run_id=run_id, instructions=instructions)
+                             usage_limits=usage_limits, usage=usage, run_id=run_id, instructions=instructions,
+                             stream=True if event_stream_handler is not None else stream)
     if output_type is None and isinstance(agent, CodeModeAgent):
         output_type = agent.output_type
+    if event_stream_handler is not None:
+        from ._stream import feed_event_stream_handler, stream_events  # (it builds on this module)
+
+        await feed_event_stream_handler(event_stream_handler, stream_events(client, handle.id), deps=deps,
+                                        prompt=prompt, run_id=handle.id, model=model)
     result = await run_result(handle, output_type)
     if usage is None:
         return result

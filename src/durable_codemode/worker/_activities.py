@@ -198,7 +198,7 @@ class CodeModeActivities:
             step = await heartbeating(request_model(agent, 
                 input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
                 output=input.output, native_tools=input.native_tools, hooked=input.hooks, usage=input.usage,
-                run_step=input.run_step, output_retries=input.output_retries))
+                run_step=input.run_step, output_retries=input.output_retries, stream=input.stream))
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except ModelHTTPError as e:

@@ -37,6 +37,7 @@ from .._pydantic_ai import (
     output_types,
     resolves_per_run,
 )
+from .._run_events import EventStreamSettings
 from ._capabilities import (
     CapabilityUse,
     fallback_model_names,
@@ -188,6 +189,7 @@ class CodeModeAgent:
         run_deps_type: type[RunDepsT] | None = None,
         files: RunFiles | None = None,
         catalog: CatalogSettings | None = None,
+        stream: bool | EventStreamSettings = False,
     ) -> None:
         """Wrap `agent`.
 
@@ -222,6 +224,11 @@ class CodeModeAgent:
                 default past 40 tools or ~4,000 tokens of stubs): it then lists one line per tool, and programs
                 call `search_tools(query)` and `describe_tool(name)` (see `CatalogSettings`). Decided when a run
                 starts, and recorded.
+            stream: Whether the agent's runs stream their events live (`durable_codemode.stream_events`: the
+                model's tokens, each nested call as it starts and ends, prints, approvals, child runs), and how
+                (`EventStreamSettings`; `True`: the defaults). A run may say otherwise (`start_run(stream=...)`).
+                Recorded when a run starts. Off, a run costs nothing for it; on, a model request adds a signal
+                (one history event) per batch interval while the model streams (docs/streaming.md).
 
         Raises:
             CodeModeUserError: on an agent without a name; capabilities with hooks of pydantic-ai's run loop
@@ -263,6 +270,12 @@ class CodeModeAgent:
         self._run_deps_type: Any = run_deps_type
         self.files = files
         self.catalog = catalog or CatalogSettings()
+        if not isinstance(stream, (bool, EventStreamSettings)):
+            raise CodeModeUserError(f"agent {resolved!r}: stream must be True, False or EventStreamSettings(...), got "
+                                    f"{type(stream).__name__}")
+        self.stream: EventStreamSettings | None = (
+            stream if isinstance(stream, EventStreamSettings) else EventStreamSettings() if stream else None)
+        """How the agent's runs stream their events (`None`: they do not, unless a run asks)."""
         self.capability_use = CapabilityUse.of(agent)
         """Where the agent's own capabilities act in a durable run (read once: the worker's activities consult it)."""
         self._tools: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] | None = None

@@ -51,6 +51,7 @@ from .._pydantic_ai import instrumentation_settings, override_root_capability, r
 
 __all__ = [
     "APPLIED_HOOKS",
+    "EVENT_STREAM_HOOKS",
     "REFUSED_HOOKS",
     "CapabilityUse",
     "RunHooksMasked",
@@ -97,7 +98,13 @@ RUN_HOOKS = frozenset({"before_run", "after_run", "wrap_run", "on_run_error"})
 its output is decided, in the after-run activity (`run_after_run`), and `on_run_error` if its body fails, in the
 run-error activity (`run_on_run_error`)."""
 
-APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | {
+EVENT_STREAM_HOOKS = frozenset({"on_event", "wrap_run_event_stream"})
+"""Applied by pydantic-ai's graph to the model step's event stream, in the model activity: the model's parts and
+deltas (pydantic-ai streams the request for them, as in `agent.run()`, so the model must stream). A durable run's
+tool events (`FunctionToolCallEvent`, a program's nested calls) are published by its workflow, so they do not pass
+through these hooks; `durable_codemode.stream_events` delivers them."""
+
+APPLIED_HOOKS = TOOL_HOOKS | OUTPUT_HOOKS | MODEL_REQUEST_HOOKS | EVENT_STREAM_HOOKS | {
     "before_run", "after_run", "on_run_error", "get_model_settings", "get_instructions", "get_toolset",
     "get_wrapper_toolset", "prepare_tools", "prepare_output_tools", "get_wrapper_model"}
 """`get_model_settings` (`Thinking`): its settings go between the agent's and the run's, in the model activity.
@@ -119,8 +126,6 @@ REFUSED_HOOKS: dict[str, str] = {
     "after_node_run": f"{_OUR_LOOP}: there are no graph nodes to observe",
     "wrap_node_run": f"{_OUR_LOOP}: there are no graph nodes to wrap or redirect",
     "on_node_run_error": f"{_OUR_LOOP}: there are no graph nodes to recover",
-    "on_event": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
-    "wrap_run_event_stream": "a durable run has no event stream (it does not stream; watch it with `codemode watch`)",
     "get_toolset": "a run's tools are the agent's toolsets, recorded when it starts",
     "prefix_tools": "a run's tools are the agent's toolsets, recorded when it starts",
     "get_native_tools": "a provider tool with a local fallback (NativeOrLocalTool): which of the two a request "

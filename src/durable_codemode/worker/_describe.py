@@ -103,6 +103,7 @@ async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_typ
         native_tools=_provider_tools(probe.info.model_request_parameters.native_tools),
         files=files,
         catalog=catalog,
+        stream=durable.stream,
     )
 
 

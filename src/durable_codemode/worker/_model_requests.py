@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import AgentStreamEvent, ModelMessage, ModelResponse
 from pydantic_ai.models import Model, ModelSelectionContext
 from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.settings import ModelSettings
@@ -22,9 +22,10 @@ from temporalio import activity
 from .._errors import CodeModeUserError
 from .._models import build_model
 from .._pydantic_ai import agent_settings
-from .._types import ModelStep, OutputSpec
+from .._types import ModelStep, ModelStreamTarget, OutputSpec
 from ._capabilities import extra_capabilities, instrumentation_of
 from ._model_step import model_step
+from ._model_stream import ModelStreamPublisher
 from ._probe import last_prompt
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ async def request_model(durable: CodeModeAgent, override: str | None, messages: 
                         model_settings: Mapping[str, Any] | None = None, output: OutputSpec | None = None,
                         native_tools: Sequence[AbstractNativeTool] = (), hooked: bool = False,
                         usage: RunUsage | None = None, run_step: int | None = None,
-                        output_retries: int = 0) -> ModelStep:
+                        output_retries: int = 0, stream: ModelStreamTarget | None = None) -> ModelStep:
     """The run's next model request, made by pydantic-ai's own graph for one step (`_model_step.model_step`).
 
     With the recorded tool definitions, output tools, provider tools and instructions; the run's deps and model
@@ -54,6 +55,9 @@ async def request_model(durable: CodeModeAgent, override: str | None, messages: 
     hook the run's step, usage and output retries (`AgentSpec.model_request_hooks`); others need none. A model
     selector (`SelectModel`) picks the step's model first, unless the run has a model of its own (as
     `Agent.run(model=...)`), here in the activity, so a replay never asks it again.
+
+    `stream`: the run streams its events, so the model's stream goes to it (`_model_stream`) as the model makes it.
+    The agent's own `event_stream_handler` gets the step's events (the request streamed for it) either way.
     """
     model = durable.resolve_model(override)
     history = list(messages)
@@ -62,13 +66,21 @@ async def request_model(durable: CodeModeAgent, override: str | None, messages: 
         model = await _selected_model(durable, model, history, run_deps, run_step or 1, output_retries,
                                       usage or RunUsage())
     instrumentation = instrumentation_of(durable.agent)
-    return await model_step(
-        durable.agent, extra_capabilities(durable.agent), model=model, messages=history, tools=tools,
-        native_tools=native_tools, output=output, deps=run_deps,
-        model_settings=cast(ModelSettings, dict(model_settings)) if model_settings else None,
-        usage=usage if hooked else None, run_step=run_step if hooked else None,
-        output_retries=output_retries, run_id=_run_id(),
-        instrumentation=instrumentation.settings if instrumentation else None)
+
+    async def step(events: Callable[[AgentStreamEvent], None] | None) -> ModelStep:
+        return await model_step(
+            durable.agent, extra_capabilities(durable.agent), model=model, messages=history, tools=tools,
+            native_tools=native_tools, output=output, deps=run_deps,
+            model_settings=cast(ModelSettings, dict(model_settings)) if model_settings else None,
+            usage=usage if hooked else None, run_step=run_step if hooked else None,
+            output_retries=output_retries, run_id=_run_id(),
+            instrumentation=instrumentation.settings if instrumentation else None, events=events,
+            event_stream_handler=durable.agent.event_stream_handler)
+
+    if stream is None or not activity.in_activity():
+        return await step(None)
+    async with ModelStreamPublisher(stream) as publisher:
+        return await step(publisher.publish)
 
 
 async def _selected_model(durable: CodeModeAgent, default: Model, history: list[ModelMessage], deps: Any,

@@ -24,16 +24,28 @@ own activities, and are masked here; so is the instrumentation's agent-run span 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from pydantic_ai import Agent, CallToolsNode, ModelRequestNode, RunContext
+from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.capabilities import AbstractCapability, Instrumentation
 from pydantic_ai.capabilities.abstract import WrapRunHandler
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, SystemPromptPart
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    PartEndEvent,
+    PartStartEvent,
+    SystemPromptPart,
+)
 from pydantic_ai.models import Model
+from pydantic_ai.models.fallback import FallbackModel
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.native_tools import AbstractNativeTool
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import ToolDefinition
@@ -43,11 +55,11 @@ from pydantic_ai.usage import RunUsage
 from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
-from .._pydantic_ai import override_root_capability, start_step
+from .._pydantic_ai import override_root_capability, start_step, step_run_context
 from .._types import ModelStep, OutputSpec
 from ._capabilities import RunHooksMasked
 
-__all__ = ["RecordedTools", "model_step"]
+__all__ = ["RecordedTools", "can_stream", "model_step"]
 
 _ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
 """The recorded tools are offered, never called here: their arguments are checked where they run."""
@@ -201,7 +213,9 @@ async def model_step(agent: Agent[Any, Any], own: Sequence[AbstractCapability[An
                      native_tools: Sequence[AbstractNativeTool], output: OutputSpec | None, deps: Any,
                      model_settings: ModelSettings | None, usage: RunUsage | None, run_step: int | None,
                      output_retries: int, run_id: str | None,
-                     instrumentation: InstrumentationSettings | None) -> ModelStep:
+                     instrumentation: InstrumentationSettings | None,
+                     events: Callable[[AgentStreamEvent], None] | None = None,
+                     event_stream_handler: EventStreamHandler[Any] | None = None) -> ModelStep:
     """Make the run's next model request through pydantic-ai's graph, for one step; what it did, as data.
 
     Args:
@@ -219,6 +233,12 @@ async def model_step(agent: Agent[Any, Any], own: Sequence[AbstractCapability[An
         output_retries: the output retries the run has used.
         run_id: the durable run's id (`ctx.run_id`, and the response's).
         instrumentation: the worker's instrumentation settings for the agent, or `None`.
+        events: takes each event of the model's stream, when the run streams its events: the request is then
+            streamed (as `agent.run()` streams a node for its `event_stream_handler`), or, for a model that cannot
+            stream (a `FunctionModel` without a `stream_function`), made whole, and its parts given as
+            `PartStartEvent` / `PartEndEvent` pairs once it answers.
+        event_stream_handler: the agent's own `Agent(event_stream_handler=...)`, given the model step's events as
+            `agent.run()` gives it a model-request node's (the run's tool events happen in its workflow).
 
     Returns:
         The response the run goes on with; or, when a hook raised `ModelRetry`, the retry request (with the
@@ -248,6 +268,14 @@ async def model_step(agent: Agent[Any, Any], own: Sequence[AbstractCapability[An
                 raise RuntimeError(f"pydantic-ai went to {type(node).__name__} before the model request: a bug in "
                                    "durable-codemode (the run's history ends with a request)")
             start_step(run, run_step=run_step, output_retries=output_retries)
+            streamed = (events is not None or event_stream_handler is not None) and can_stream(model)
+            if streamed:
+                async with node.stream(run.ctx) as stream:
+                    told = _told(stream, events)
+                    if event_stream_handler is not None:
+                        await event_stream_handler(step_run_context(run), told)
+                    async for _ in told:  # what the handler left unread still reaches `events`
+                        pass
             after = await run.next(node)
             graph_history = run.all_messages()
     retry: ModelRequest | None = None
@@ -265,4 +293,32 @@ async def model_step(agent: Agent[Any, Any], own: Sequence[AbstractCapability[An
             assert isinstance(kept, ModelResponse)
             response = kept  # the response a `ModelRetry` rejected, kept in history for context
     rewritten = None if _same_history(history, graph_history) else [originals.get(id(m), m) for m in graph_history]
+    if events is not None and not streamed and response is not None:
+        for index, part in enumerate(response.parts):
+            events(PartStartEvent(index=index, part=part))
+            events(PartEndEvent(index=index, part=part))
     return ModelStep(response=response, retry=retry, messages=rewritten)
+
+
+def can_stream(model: Model) -> bool:
+    """Whether `model` streams its requests: pydantic-ai's check, and a `FunctionModel` needs a `stream_function`.
+
+    Wrappers (`FallbackModel`, instrumentation, capabilities' model wrappers) stream when every model they wrap
+    does.
+    """
+    if isinstance(model, FunctionModel):
+        return model.stream_function is not None
+    if isinstance(model, FallbackModel):
+        return all(can_stream(m) for m in model.models)
+    if isinstance(model, WrapperModel):
+        return can_stream(model.wrapped)
+    return type(model).request_stream is not Model.request_stream
+
+
+async def _told(stream: AsyncIterable[AgentStreamEvent],
+                events: Callable[[AgentStreamEvent], None] | None) -> AsyncIterator[AgentStreamEvent]:
+    """`stream`, each event given to `events` as it passes."""
+    async for event in stream:
+        if events is not None:
+            events(event)
+        yield event

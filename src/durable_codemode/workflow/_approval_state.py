@@ -121,6 +121,8 @@ class Approvals:
         self.rules = rules or DecisionRules(policy_of=lambda tool: None, signed=False, starter=None)
         self.votes: dict[str, list[ApprovalRecord]] = {}
         """The decisions counted so far on calls that need several (a policy's `required`), by call id."""
+        self.on_decided: Callable[[ApprovalRecord], None] = lambda record: None
+        """Told of every decision `decide` records (the run's observers: its event stream)."""
         self.rejected: deque[RejectedDecision] = deque(maxlen=_RECENT_REJECTIONS)
         """Recent decisions the update validator refused. Kept in the worker's memory only (a refused decision
         never enters the history), so it starts empty when a worker loads the run again."""
@@ -269,6 +271,7 @@ class Approvals:
             self.pending.pop(pending.call_id)
             self.votes.pop(pending.call_id, None)
             self.decided[pending.call_id] = record  # the settling decision's own vote is the call's outcome
+        self.on_decided(record)
         return record
 
     def _settles(self, policy: RecordedApproverPolicy, votes: list[ApprovalRecord]) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -29,7 +29,15 @@ from .._names import (
 )
 from .._types import RunInput, RunResult, ToolSpec
 
-__all__ = ["ChildRuns"]
+__all__ = ["ChildRunNotices", "ChildRuns"]
+
+
+class ChildRunNotices(Protocol):
+    """Who hears of a run's child runs starting and ending (`RunProgress`)."""
+
+    def child_run_started(self, *, call_id: str, run_id: str, agent: str) -> None: ...
+
+    def child_run_ended(self, *, call_id: str, run_id: str, error: str | None) -> None: ...
 
 _AGENT_KEY = SearchAttributeKey.for_keyword(AGENT_SEARCH_ATTRIBUTE)
 _STATUS_KEY = SearchAttributeKey.for_keyword(STATUS_SEARCH_ATTRIBUTE)
@@ -82,12 +90,14 @@ class ChildRuns:
         send.add_done_callback(lambda done: done.cancelled() or done.exception())
         self._sends.append(send)
 
-    async def run(self, spec: ToolSpec, args: dict[str, Any], call_id: str, *,
-                  started_by: str | None) -> tuple[RunResult[Any] | None, dict[str, str] | None]:
+    async def run(self, spec: ToolSpec, args: dict[str, Any], call_id: str, *, started_by: str | None,
+                  progress: ChildRunNotices, stream: bool) -> tuple[RunResult[Any] | None, dict[str, str] | None]:
         """Run the sub-agent of `spec` on the call's `prompt`, as a child workflow: (its result, or the error).
 
         The error is the program's exception (`exc_type`, `message`): the child's own failure (a usage limit, its
         model's final error, no worker serving its agent), or arguments that are not one `prompt` string.
+        `progress` hears when the child starts and ends; `stream`: the child streams its events too (as its parent
+        does), so a subscriber can follow it from its `ChildRunStartEvent`.
         """
         assert spec.child_run is not None
         prompt = args.get("prompt")
@@ -95,9 +105,11 @@ class ChildRuns:
             return None, {"exc_type": "TypeError", "message": f"{spec.name}() takes one argument, prompt: str"}
         info = workflow.info()
         child_id = child_run_id(info.workflow_id, call_id)
+        progress.child_run_started(call_id=call_id, run_id=child_id, agent=spec.child_run)
         try:
             result: RunResult[Any] = await workflow.execute_child_workflow(
-                WORKFLOW_TYPE, RunInput(agent=spec.child_run, prompt=prompt, started_by=started_by),
+                WORKFLOW_TYPE, RunInput(agent=spec.child_run, prompt=prompt, started_by=started_by,
+                                        stream=True if stream else None),
                 id=child_id, task_queue=info.task_queue, result_type=RunResult,
                 static_summary=f"{spec.name}(): a run of {spec.child_run}", **_visibility(spec.child_run))
         except ChildWorkflowError as e:
@@ -106,7 +118,9 @@ class ChildRuns:
                 cause = cause.cause
             kind = cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
             message = cause.message if isinstance(cause, ApplicationError) else str(cause or e)
+            progress.child_run_ended(call_id=call_id, run_id=child_id, error=f"{kind}: {message}")
             return None, {"exc_type": kind, "message": f"the {spec.child_run} run {child_id!r} failed: {message}"}
         finally:
             self.pending.pop(child_id, None)
+        progress.child_run_ended(call_id=call_id, run_id=child_id, error=None)
         return result, None

@@ -21,7 +21,7 @@ tools' replays), so the workflow has one hook per step.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
@@ -31,8 +31,9 @@ from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATU
 from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, run_telemetry
 
 if TYPE_CHECKING:
-    from pydantic_ai.messages import ModelResponse
+    from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 
+    from .._approvals import ApprovalRecord, PendingApproval
     from .._types import CallRecord, RunResult
     from ._approval_state import Approvals
     from ._sandbox import Settled, SnippetOutcome
@@ -160,6 +161,41 @@ class RunProgress:
     def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
         """A `run_code` call with arguments it does not take: no snippet runs."""
         self.telemetry.run_code_refused(call_id=call_id, args=args)
+
+    def tool_calls(self, calls: Sequence[ToolCallPart]) -> None:
+        """The model's function tool calls of one response are about to run (`RunTelemetry.tool_calls`)."""
+        self.telemetry.tool_calls(calls)
+
+    def tool_returned(self, part: ToolReturnPart) -> None:
+        """One of them is answered (`RunTelemetry.tool_returned`)."""
+        self.telemetry.tool_returned(part)
+
+    def printed(self, *, call_id: str, text: str) -> None:
+        """A program printed `text` since it last waited (`RunTelemetry.printed`)."""
+        self.telemetry.printed(call_id=call_id, text=text)
+
+    def compute_escalated(self, *, call_id: str, stretch: int, reason: str) -> None:
+        """A program went past its in-workflow compute budget (`RunTelemetry.compute_escalated`)."""
+        self.telemetry.compute_escalated(call_id=call_id, stretch=stretch, reason=reason)
+
+    def approval_waiting(self, pending: PendingApproval, *, policy: str | None) -> None:
+        """A call starts waiting for a person (`RunTelemetry.approval_waiting`); the details show it."""
+        self.telemetry.approval_waiting(pending, policy=policy)
+        self.show()
+
+    def approval_decided(self, record: ApprovalRecord) -> None:
+        """A waiting call was decided (`RunTelemetry.approval_decided`)."""
+        self.telemetry.approval_decided(record)
+
+    def child_run_started(self, *, call_id: str, run_id: str, agent: str) -> None:
+        self.telemetry.child_run_started(call_id=call_id, run_id=run_id, agent=agent)
+
+    def child_run_ended(self, *, call_id: str, run_id: str, error: str | None) -> None:
+        self.telemetry.child_run_ended(call_id=call_id, run_id=run_id, error=error)
+
+    def continuing(self, *, run_index: int) -> None:
+        """The run continues as new (`RunTelemetry.continuing`)."""
+        self.telemetry.continuing(run_index=run_index)
 
     def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
         """A tool call is made, before anything is asked of it (`RunTelemetry.call_made`)."""

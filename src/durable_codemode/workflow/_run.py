@@ -63,12 +63,14 @@ with workflow.unsafe.imports_passed_through():
         RUN_CODE_TOOL,
         RUN_ERROR_ACTIVITY,
         SEAL_REPL_ACTIVITY,
+        STREAM_INFO_QUERY,
         WORKFLOW_TYPE,
         tool_activity_id,
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview
+    from .._run_events import EventStreamSettings
     from .._signing import ApproverKeyring
-    from .._telemetry import ApprovalState
+    from .._telemetry import ApprovalState, observe_run
     from .._tool_usage import split_usage
     from .._types import (
         AfterRunInput,
@@ -77,6 +79,7 @@ with workflow.unsafe.imports_passed_through():
         Continuation,
         ModelRequestInput,
         ModelStep,
+        ModelStreamTarget,
         OutputInput,
         OutputVerdict,
         RunErrorInput,
@@ -93,6 +96,7 @@ with workflow.unsafe.imports_passed_through():
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
+    from ._event_stream import RunEventStream, StreamInfo
     from ._files import RunFilesystem
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
@@ -191,7 +195,11 @@ def _tool_error(tool: str, error: ActivityError) -> Settled:
 class CodeModeRunWorkflow:
     """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`."""
 
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        self._events = RunEventStream(input.stream_state)
+        """The run's live event stream (hosted here from the start: Workflow Streams registers its handlers now;
+        it publishes only once the run knows it streams)."""
         self._spec: AgentSpec | None = None
         self._deps: Any = None
         self._usage = RunUsage()
@@ -231,6 +239,11 @@ class CodeModeRunWorkflow:
         """A child run's calls waiting for a person, listed by `pending_approvals` (and passed on to our parent)."""
         self._children.heard(news)
         self._children.tell_parent(self.pending_approvals())
+
+    @workflow.query(name=STREAM_INFO_QUERY)
+    def stream_info(self) -> StreamInfo:
+        """Whether the run streams its events, and the offsets its stream keeps (`durable_codemode.stream_events`)."""
+        return self._events.info()
 
     @workflow.query(name=REJECTED_DECISIONS_QUERY)
     def rejected_decisions(self) -> list[RejectedDecision]:
@@ -318,6 +331,7 @@ class CodeModeRunWorkflow:
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
+        observe_run(self._events)
         self._progress.start(lambda: ApprovalState(pending=self.pending_approvals(), audit=list(self._approvals.audit)))
         cont = input.continuation
         if cont is None:
@@ -339,6 +353,8 @@ class CodeModeRunWorkflow:
         if (refusal := behavior_version_refusal(spec, workflow.info().workflow_id)) is not None:
             # Not an `ApplicationError`: it fails the workflow task, not the run, which waits as it was.
             raise refusal
+        self._events.start(self._stream_settings(input, spec), agent=spec.agent, model=input.model or spec.model_name,
+                           first=input.continuation is None)
         self._deps = input.deps
         self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
@@ -348,6 +364,7 @@ class CodeModeRunWorkflow:
         self._approvals = Approvals(cont.approvals, DecisionRules(
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
             starter=input.started_by))
+        self._approvals.on_decided = self._progress.approval_decided
         messages: list[ModelMessage] = list(input.message_history)
         now = workflow.now()
         # As pydantic-ai does for a run given a history: its dynamic system prompts get the values of this run.
@@ -367,7 +384,7 @@ class CodeModeRunWorkflow:
         if spec.files is not None:
             self._files = RunFilesystem(spec.files, cont.files)
         repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending,
-                    files=self._files)
+                    files=self._files, notices=self._progress)
         if cont.repl is not None:
             refused = await self._restore_repl(cont.repl, repl)
             if refused is not None:
@@ -378,6 +395,15 @@ class CodeModeRunWorkflow:
         finally:
             repl.release_reservation()
             repl.close()
+
+    @staticmethod
+    def _stream_settings(input: RunInput, spec: AgentSpec) -> EventStreamSettings | None:
+        """How the run streams: as the run asks (`RunInput.stream`), else as its agent says (recorded)."""
+        if input.stream is False:
+            return None
+        if input.stream is True:
+            return spec.stream or EventStreamSettings()
+        return spec.stream
 
     @staticmethod
     def _count(usage: RunUsage, response: ModelResponse) -> None:
@@ -446,7 +472,7 @@ class CodeModeRunWorkflow:
                                   hooks=hooked, usage=usage if hooked else None,
                                   run_step=usage.requests + 1 if hooked else 0,
                                   output_retries=self._output_retries if hooked else 0,
-                                  native_tools=spec.native_tools),
+                                  native_tools=spec.native_tools, stream=self._model_stream(index)),
                 result_type=ModelStep if hooked else ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
                 heartbeat_timeout=_MODEL_HEARTBEAT_TIMEOUT,
@@ -502,6 +528,7 @@ class CodeModeRunWorkflow:
                 retry_parts = [] if maybe_text else list(verdict.retry.parts)
                 output_calls = []
             parts: list[ModelRequestPart] = []
+            self._progress.tool_calls(functions)
             direct = [c for c in functions if c.tool_name != RUN_CODE_TOOL]
             direct_results = [asyncio.ensure_future(self._direct_call(c)) for c in direct]
             for call in functions:
@@ -509,6 +536,8 @@ class CodeModeRunWorkflow:
                     continue
                 snippets_this_run += 1
                 part, outcome = await self._run_code(call, repl, turn)
+                if isinstance(part, ToolReturnPart):
+                    self._progress.tool_returned(part)
                 parts.append(part)
                 if outcome is not None and outcome.ends_run:
                     # Every tool call of the response needs an answer, or the next request is malformed.
@@ -530,6 +559,10 @@ class CodeModeRunWorkflow:
                     return self._closed(messages, calls, verdict, parts)
                 retry_parts = list(verdict.retry.parts)
             messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
+
+    def _model_stream(self, turn: int) -> ModelStreamTarget | None:
+        settings = self._events.settings
+        return ModelStreamTarget(turn=turn, batch_interval=settings.model_batch_interval) if settings else None
 
     async def _finish(self, input: RunInput, messages: list[ModelMessage], output: Any,
                       cont: Continuation) -> RunResult[Any]:
@@ -647,6 +680,11 @@ class CodeModeRunWorkflow:
         return self._return(call, outcome.content), outcome
 
     async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
+        part, record = await self._direct_call_answer(call)
+        self._progress.tool_returned(part)
+        return part, record
+
+    async def _direct_call_answer(self, call: ToolCallPart) -> tuple[ToolReturnPart, CallRecord]:
         assert self._spec is not None
         tool = self._spec.tool(call.tool_name)
         now = workflow.now()
@@ -697,6 +735,7 @@ class CodeModeRunWorkflow:
             self._check_usage(lambda u: _check_counted(u, self._usage))
         self._usage.tool_calls += 1
         wait = None
+        pending = None
         if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
             now = workflow.now()
             pending = PendingApproval(
@@ -706,8 +745,11 @@ class CodeModeRunWorkflow:
             self._approvals.pending[call_id] = pending
             self._show_details()
             wait = self._approvals.wait(pending, spec.approval_timeout)
-        return self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
+        call = self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
                                    args=args)
+        if pending is not None:  # told after the call itself, which it belongs to
+            self._progress.approval_waiting(pending, policy=spec.approvers.describe() if spec.approvers else None)
+        return call
 
     async def _call_tool(
         self, spec: ToolSpec, args: dict[str, Any], call_id: str,
@@ -739,7 +781,8 @@ class CodeModeRunWorkflow:
         status: Any = "ok"
         settled: Settled
         if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
-            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by)
+            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by,
+                                                    progress=self._progress, stream=self._events.streams)
             if child is None:
                 assert error is not None
                 settled, status = _raised(error["exc_type"], error["message"]), "error"
@@ -842,6 +885,7 @@ class CodeModeRunWorkflow:
         files, refused = self._carried_files(cont.spec)
         if refused is not None:
             messages = self._with_note(messages, refused)
+        self._progress.continuing(run_index=cont.runs + 1)
         workflow.continue_as_new(RunInput(
             agent=input.agent,
             message_history=messages,
@@ -853,6 +897,8 @@ class CodeModeRunWorkflow:
             usage=input.usage,
             started_by=input.started_by,
             instructions=input.instructions,
+            stream=input.stream,
+            stream_state=self._events.carried(),
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
                                       output_retries=self._output_retries, tool_retries=self._tool_retries,

@@ -33,7 +33,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal, cast
+from typing import Any, Literal, Protocol, cast
 
 import pydantic_monty
 from pydantic_monty import (
@@ -98,6 +98,22 @@ visible before the program next waits."""
 
 AwaitingPerson = Callable[[str], bool]
 """Whether the call with this id is waiting for a human decision (so the sandbox may be released meanwhile)."""
+
+
+class SandboxNotices(Protocol):
+    """What a program does that the run's observers hear of (`RunProgress`): what it prints, compute it hands on."""
+
+    def printed(self, *, call_id: str, text: str) -> None: ...
+
+    def compute_escalated(self, *, call_id: str, stretch: int, reason: str) -> None: ...
+
+
+class _NoNotices:
+    def printed(self, *, call_id: str, text: str) -> None:
+        pass
+
+    def compute_escalated(self, *, call_id: str, stretch: int, reason: str) -> None:
+        pass
 
 _FILE_FUNCTIONS_MESSAGE = "run_code has no file system or network; use the tools to read and change data"
 _IMPORTS_MESSAGE = (
@@ -182,8 +198,9 @@ class Repl:
 
     def __init__(self, spec: AgentSpec, start_tool: StartTool,
                  awaiting_person: AwaitingPerson = lambda call_id: False,
-                 files: RunFilesystem | None = None) -> None:
+                 files: RunFilesystem | None = None, notices: SandboxNotices | None = None) -> None:
         self._spec = spec
+        self.notices: SandboxNotices = notices or _NoNotices()
         self.files = files
         """The run's files (`RunFiles`), which outlive the REPL (a restart keeps them); `None`: the run has none."""
         self._start_tool = start_tool
@@ -329,6 +346,7 @@ class Repl:
         files_before = self.files.version if self.files is not None else 0
         driver = _SnippetDriver(self, self._tools, code, run_code_id, snippet=self._snippets)
         outcome = await driver.drive()
+        driver.tell_printed()
         if self.files is not None and self.files.version != files_before:
             listing = self.files.listing()
             outcome.files = dict(list(listing.items())[:FILE_LISTING_LIMIT])
@@ -510,6 +528,8 @@ class _SnippetDriver:
         self._streams = CollectStreams(max_bytes=spec.limits.max_output_bytes + 1)
         self._printed_before = ""
         """Printed output from before `_streams` was replaced (after a stretch came from the compute activity)."""
+        self._told = 0
+        """Characters of the printed output the run's observers were told of (`tell_printed`)."""
         self._answers = 0
         """Host round trips since the driver last waited on Temporal (see `_guards.MAX_ANSWERS_WITHOUT_WAIT`)."""
         self._args_in_flight: dict[int, int] = {}
@@ -528,6 +548,18 @@ class _SnippetDriver:
 
     def _printed(self) -> str:
         return self._printed_before + "".join(text for _stream, text in self._streams.output)
+
+    def tell_printed(self) -> None:
+        """Tell the run's observers what the program printed since they were last told.
+
+        Called where the program makes a tool call or is about to wait on Temporal, and at its end: points a replay
+        reaches with the same printed text (never between a stretch and its recorded outcome, whose prints a replay learns only
+        from the compute activity's result), so the text comes in the same pieces live and on replay.
+        """
+        printed = self._printed()
+        if len(printed) > self._told:
+            self._repl.notices.printed(call_id=self._run_code_id, text=printed[self._told:])
+            self._told = len(printed)
 
     def _waited(self) -> None:
         """The program just waited on Temporal: a new workflow task, with its own budgets."""
@@ -769,6 +801,11 @@ class _SnippetDriver:
         `keep`: the live snapshot the recorded outcome is a dump of, still in its process: it goes on from there.
         """
         limits = self._spec.limits
+        # Live and on replay alike (a replay comes here from the marker): the same notice at the same point.
+        self._repl.notices.compute_escalated(
+            call_id=self._run_code_id, stretch=self._stretch,
+            reason=f"computed past its in-workflow budget ({limits.max_turn_seconds:g} s a stretch, "
+                   f"{limits.max_feed_seconds:g} s a workflow task): the compute activity takes it")
         recorded = request.start == "computed"
         summary = (f"{self._run_code_id}: records a stretch computed in workflow code past its budget "
                    f"({limits.max_turn_seconds:g} s)" if recorded else
@@ -916,6 +953,7 @@ class _SnippetDriver:
         if refusal is not None:
             return snap, cast(Any, refusal)  # a Settled exception answer, as Monty's TypedDict
         self._args_in_flight[snap.call_id] = size
+        self.tell_printed()  # what it printed before the call comes before the call
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
         site = CallSite(code=self._code, line=self._code.count("\n", 0, max(0, snap.position.start)) + 1)
@@ -942,6 +980,7 @@ class _SnippetDriver:
                 self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
                 return snap, {"future": ...}
             if seconds > 0:  # a durable timer: the program waits without its process
+                self.tell_printed()
                 state = self._repl.park(snap)
                 await self._sleep(seconds)
                 self._waited()
@@ -977,6 +1016,7 @@ class _SnippetDriver:
         futures = [self._pending[i] for i in ids]
         current: Any = snap
         if not any(f.done() for f in futures):
+            self.tell_printed()
             for_people = self._waiting_on_people(ids)
             if self._may_hold(ids, for_people) and _pool.POOL.try_hold():
                 # A short wait on tool calls: the program keeps its process, saving a dump and a load.
