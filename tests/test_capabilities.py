@@ -396,14 +396,7 @@ def test_hooks_of_the_run_loop_are_refused_by_name_with_the_reason() -> None:
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[hooks]))
     with pytest.raises(CodeModeUserError, match=r"_RunWrapper\.wrap_run \(.*may outlive it"):
         CodeModeAgent(Agent("test", name="cap-refused", capabilities=[_RunWrapper()]))
-    events = Hooks()
-
-    @events.on.event
-    async def see(ctx: RunContext[None], event: Any) -> Any:
-        return event
-
-    with pytest.raises(CodeModeUserError, match=r"Hooks\.on_event \(a durable run has no event stream"):
-        CodeModeAgent(Agent("test", name="cap-refused", capabilities=[events]))
+    # (`on_event` and `wrap_run_event_stream` are applied to the model step's events: tests/test_event_stream.py)
 
 
 async def test_a_capabilitys_model_settings_go_between_the_agents_and_the_runs(client: Client) -> None:

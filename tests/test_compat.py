@@ -105,6 +105,33 @@ def test_the_child_run_names_are_pinned() -> None:
     assert _names.CHILD_RUN_METADATA == "codemode_child_run"
 
 
+def test_the_event_stream_names_are_pinned() -> None:
+    # Subscribers of one release read runs published by another: the topics, the query, Workflow Streams' own
+    # wire names we use, and every code-mode event's registered name are compatibility data.
+    from durable_codemode import _run_events, events
+    from durable_codemode.client import _stream
+    from durable_codemode.workflow import _event_stream
+
+    assert _names.STREAM_INFO_QUERY == "durable-codemode.stream_info"
+    assert (_run_events.EVENTS_TOPIC, _run_events.model_topic(3, 2)) == ("codemode.events", "codemode.model:3:2")
+    assert _run_events.model_topic_parts("codemode.model:3:2") == (3, 2)
+    assert _run_events.model_topic_parts("codemode.model:3") is None
+    assert _event_stream.PUBLISH_SIGNAL == "__temporal_workflow_stream_publish"
+    assert _stream._POLL_QUERY == "__temporal_workflow_stream_poll"
+    names = {cls.__name__: cls._registered_name for cls in vars(events).values()
+             if isinstance(cls, type) and issubclass(cls, events.CodeModeEvent) and cls is not events.CodeModeEvent}
+    assert names == {
+        "RunStartEvent": "codemode.run_start", "ModelRequestStartEvent": "codemode.model_request",
+        "ModelStreamResetEvent": "codemode.model_stream_reset", "SnippetStartEvent": "codemode.snippet_start",
+        "NestedCallStartEvent": "codemode.nested_call_start", "NestedCallEndEvent": "codemode.nested_call_end",
+        "PrintEvent": "codemode.print", "ApprovalWaitEvent": "codemode.approval_wait",
+        "ApprovalDecidedEvent": "codemode.approval_decided", "ChildRunStartEvent": "codemode.child_run_start",
+        "ChildRunEndEvent": "codemode.child_run_end", "ComputeEscalatedEvent": "codemode.compute_escalated",
+        "SnippetEndEvent": "codemode.snippet_end", "RunContinuedEvent": "codemode.continued_as_new",
+        "RunEndEvent": "codemode.run_end", "EventsTrimmedEvent": "codemode.events_trimmed",
+    }
+
+
 def test_call_digest_is_canonical_and_sensitive() -> None:
     digest = _names.call_digest("get", {"ids": {3, 1, 2}, "b": 1, "a": [1, 2]})
     assert digest == _names.call_digest("get", {"a": [1, 2], "b": 1, "ids": {2, 3, 1}})  # key and set order
@@ -289,6 +316,20 @@ def test_pin_agent_run_result() -> None:
     built = agent_run_result("ok", history, RunUsage(requests=1))
     assert (built.output, built.all_messages(), built.usage.requests) == ("ok", history, 1), \
         _change("agent_run_result")
+
+
+async def test_pin_step_run_context() -> None:
+    from pydantic_ai import ModelRequestNode
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    from durable_codemode._pydantic_ai import step_run_context
+
+    agent = _scripted_agent(deps_type=str)
+    async with agent.iter(None, message_history=[ModelRequest(parts=[UserPromptPart("go")])], deps="the deps") as run:
+        node = await run.next(run.next_node)
+        assert isinstance(node, ModelRequestNode)
+        context = step_run_context(run)
+    assert (context.deps, context.run_id) == ("the deps", run.run_id), _change("step_run_context")
 
 
 def test_pin_output_types() -> None:

@@ -7,46 +7,62 @@ scenario replays its history with Temporal's `Replayer`.
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import os
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.capabilities import Hooks, ProcessEventStream
+from pydantic_ai.exceptions import ModelHTTPError
 from pydantic_ai.messages import (
     FinalResultEvent,
     FunctionToolCallEvent,
     FunctionToolResultEvent,
+    ModelMessage,
     PartDeltaEvent,
     PartEndEvent,
     PartStartEvent,
     TextPart,
+    TextPartDelta,
     ToolCallPart,
 )
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.run import AgentRunResultEvent
+from temporalio import activity
 from temporalio.client import Client
+from temporalio.contrib.workflow_streams import PublishEntry, PublishInput
 
 from durable_codemode import (
     CodeModeAgent,
+    EventStreamSettings,
     RunEventItem,
+    SnippetLimits,
     ToolOptions,
     child_run_tool,
     decide,
+    run_agent,
     start_run,
     stream_events,
 )
 from durable_codemode._errors import CodeModeUserError, RunNotFoundError
+from durable_codemode._names import STREAM_INFO_QUERY
 from durable_codemode.events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
     ChildRunEndEvent,
     ChildRunStartEvent,
     CodeModeEvent,
+    EventsTrimmedEvent,
     ModelRequestStartEvent,
+    ModelStreamResetEvent,
     NestedCallEndEvent,
     NestedCallStartEvent,
     PrintEvent,
-    RunEndEvent,
+    RunContinuedEvent,
     RunStartEvent,
     SnippetEndEvent,
     SnippetStartEvent,
@@ -60,6 +76,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.workflow._event_stream import PUBLISH_SIGNAL, StreamInfo
 
 PROGRAM = """\
 import asyncio
@@ -231,5 +248,215 @@ async def test_an_unknown_run_is_refused_by_name(client: Client) -> None:
         await collect(client, "whatever", after="3")  # type: ignore[arg-type]
 
 
-def _unused() -> tuple[Any, ...]:
-    return (ModelRequestStartEvent, PartDeltaEvent, PartStartEvent, RunEndEvent)
+def _text_of(events: list[Any], turn: int) -> str:
+    """The text a subscriber shows for model turn `turn`, applying its parts and deltas and honouring resets."""
+    text: dict[int, str] = {}
+    current: int | None = None
+    for event in events:
+        if isinstance(event, ModelRequestStartEvent):
+            current = event.turn
+        elif current != turn:
+            continue
+        elif isinstance(event, ModelStreamResetEvent):
+            text = {}
+        elif isinstance(event, PartStartEvent) and isinstance(event.part, TextPart):
+            text[event.index] = event.part.content
+        elif isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+            text[event.index] += event.delta.content_delta
+    return "".join(text[i] for i in sorted(text))
+
+
+async def test_a_retried_model_request_resets_what_its_failed_attempt_streamed(client: Client) -> None:
+    async def flaky(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield "The answer "
+        yield "is "
+        if activity.info().attempt == 1:
+            raise ModelHTTPError(503, "flaky", "overloaded")  # a provider outage: the activity is retried
+        yield "forty-two."
+
+    agent = CodeModeAgent(Agent(FunctionModel(stream_function=flaky), name=f"flaky{os.urandom(3).hex()}"))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, agent, "What is it?", task_queue=tq, stream=True)
+        items = await collect(client, handle.id)
+        result = await handle.result()
+    events = [i.event for i in items]
+    resets = [e for e in events if isinstance(e, ModelStreamResetEvent)]
+    assert [(r.turn, r.attempt) for r in resets] == [(0, 2)], events
+    # What the failed attempt streamed came first, then the reset, then the whole answer again.
+    before = events[:events.index(resets[0])]
+    assert _text_of(before, 0) == "The answer is "
+    assert _text_of(events, 0) == "The answer is forty-two." == result.output
+    await replay(handle)
+
+
+async def test_a_forged_publish_is_refused_by_name(client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    gate = asyncio.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str]:
+        yield "thinking"
+        await gate.wait()  # the run waits on model turn 0 meanwhile
+        yield " done"
+
+    agent = CodeModeAgent(Agent(FunctionModel(stream_function=slow), name=f"forged{suffix}"))
+    tq = new_task_queue()
+    async with running_worker(client, [agent], task_queue=tq):
+        handle = await start_run(client, agent, "Go", task_queue=tq, stream=True)
+        await collect(client, handle.id, until=PartStartEvent)
+        converter = client.data_converter.payload_converter
+
+        def batch(topic: str, event: Any, sequence: int = 1) -> PublishInput:
+            payload = converter.to_payloads([event])[0]
+            wire = base64.b64encode(payload.SerializeToString()).decode()
+            return PublishInput(items=[PublishEntry(topic=topic, data=wire)], publisher_id="attacker",
+                                sequence=sequence)
+
+        fake_call = NestedCallEndEvent(call_id="call_0.0", tool="transfer", status="ok", seconds=0, result="done")
+        await handle.signal(PUBLISH_SIGNAL, batch("codemode.events", fake_call))
+        await handle.signal(PUBLISH_SIGNAL, batch("codemode.model:7:1", PartStartEvent(index=0, part=TextPart("x"))))
+        await handle.signal(PUBLISH_SIGNAL, batch("codemode.model:0:1", fake_call))
+        await handle.signal(PUBLISH_SIGNAL, "not a batch")
+        async with asyncio.timeout(20):
+            while len((info := await handle.query(STREAM_INFO_QUERY, result_type=StreamInfo)).refused) < 4:
+                await asyncio.sleep(0.05)
+        gate.set()
+        items = await collect(client, handle.id)
+        await handle.result()
+    assert info.refused == [
+        "only a model activity publishes to this stream, on a model topic; got codemode.events",
+        "a publish for model turn 7, while the run waits on model turn 0",
+        "a NestedCallEndEvent, which a model activity does not publish",
+        "a publish is a PublishInput object, got str",
+    ]
+    assert not any(isinstance(i.event, NestedCallEndEvent) for i in items)
+    assert _text_of([i.event for i in items], 0) == "thinking done"
+    await replay(handle)
+
+
+def _chain_agent(name: str, settings: EventStreamSettings) -> CodeModeAgent:
+    """Two snippets, one per workflow run (so the run continues as new twice), with eight calls in the first."""
+    program = "total = 0\nfor i in range(8):\n    total += await get(i=i)\ntotal"
+    model = scripted_model(RunCode(program), RunCode("2 * 28"), lambda m: f"done: {last_result(m)['result']}")
+    agent = Agent(model, name=name)
+
+    @agent.tool_plain
+    def get(i: int) -> int:
+        """A number."""
+        return i
+
+    return CodeModeAgent(agent, limits=SnippetLimits(max_snippets_per_run=1), stream=settings)
+
+
+async def test_the_stream_goes_on_across_continue_as_new(client: Client) -> None:
+    durable = _chain_agent(f"chain{os.urandom(3).hex()}", EventStreamSettings())
+    tq = new_task_queue()
+    async with running_worker(client, [durable], task_queue=tq):
+        handle = await start_run(client, durable, "Go", task_queue=tq)
+        result = await handle.result()
+        # Read once the chain is done, from its last workflow run: the earlier runs' events came with its input.
+        items = await collect(client, handle.id)
+    assert result.output == "done: 56" and result.continued_as_new == 2
+    assert [i.offset for i in items] == list(range(len(items)))
+    events = [i.event for i in items]
+    assert isinstance(events[0], RunStartEvent) and isinstance(events[-1], AgentRunResultEvent)
+    assert [e.run_index for e in events if isinstance(e, RunContinuedEvent)] == [1, 2]
+    assert sum(isinstance(e, NestedCallEndEvent) for e in events) == 8
+    await replay(handle)
+
+
+async def test_the_window_is_trimmed_and_a_late_subscriber_told(client: Client) -> None:
+    durable = _chain_agent(f"trim{os.urandom(3).hex()}", EventStreamSettings(keep_events=12))
+    tq = new_task_queue()
+    async with running_worker(client, [durable], task_queue=tq):
+        handle = await start_run(client, durable, "Go", task_queue=tq)
+        await handle.result()
+        late = await collect(client, handle.id)
+        resumed = await collect(client, handle.id, after=late[3].offset)
+    trimmed = late[0].event
+    assert isinstance(trimmed, EventsTrimmedEvent) and late[0].offset == 0
+    assert trimmed.first_kept == late[1].offset == trimmed.missed > 0
+    assert len(late) - 1 <= 12 and [i.offset for i in late[1:]] == list(range(late[1].offset, late[-1].offset + 1))
+    assert isinstance(late[-1].event, AgentRunResultEvent)
+    assert [_comparable(i) for i in resumed] == [_comparable(i) for i in late[4:]]
+    await replay(handle)
+
+
+def _comparable(item: RunEventItem) -> tuple[int, str]:
+    event = item.event
+    return item.offset, (f"end {event.result.output}" if isinstance(event, AgentRunResultEvent) else repr(event))
+
+
+async def test_capability_event_hooks_and_process_event_stream_see_the_model_step(client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    seen_by_hook: list[str] = []
+    seen_by_handler: list[str] = []
+    hooks = Hooks()
+
+    @hooks.on.event
+    async def on_event(ctx: RunContext[None], event: Any) -> Any:
+        seen_by_hook.append(event.event_kind)
+        return event
+
+    async def handler(ctx: RunContext[None], stream: AsyncIterable[Any]) -> None:
+        async for event in stream:
+            seen_by_handler.append(event.event_kind)
+
+    # `ProcessEventStream` is pydantic-ai's agent-level event stream handler (the Agent takes no such argument now).
+    agent = Agent(scripted_model("hello there"), name=f"hooked{suffix}",
+                  capabilities=[hooks, ProcessEventStream(handler)])
+    durable = CodeModeAgent(agent)
+    tq = new_task_queue()
+    async with running_worker(client, [durable], task_queue=tq):
+        handle = await start_run(client, durable, "Hi", task_queue=tq)  # not streaming: the hooks still run
+        assert (await handle.result()).output == "hello there"
+    # In the model activity, on the step's events, as agent.run() gives them.
+    expected = [e.event_kind async for e in _plain_events(agent)]
+    assert seen_by_hook == expected and seen_by_handler == expected, (seen_by_hook, seen_by_handler, expected)
+    await replay(handle)
+
+
+async def _plain_events(agent: Agent[None, str]) -> AsyncIterator[Any]:
+    events: list[Any] = []
+
+    async def keep(ctx: RunContext[None], stream: AsyncIterable[Any]) -> None:
+        async for event in stream:
+            events.append(event)
+
+    with agent.override(capabilities=[]) if hasattr(agent, "override") else contextlib.nullcontext():
+        await agent.run("Hi", event_stream_handler=keep)
+    for event in events:
+        if isinstance(event, (PartStartEvent, PartDeltaEvent, PartEndEvent, FinalResultEvent)):
+            yield event
+
+
+async def test_run_agent_feeds_an_event_stream_handler_per_node(client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    program = "print('working')\n[await get(i=i) for i in range(2)]"
+    agent = Agent(scripted_model(RunCode(program), "two numbers"), name=f"handled{suffix}", deps_type=str)
+
+    @agent.tool_plain
+    def get(i: int) -> int:
+        """A number."""
+        return i
+
+    durable = CodeModeAgent(agent)
+    calls: list[tuple[int, str | None, list[str]]] = []
+
+    async def handler(ctx: RunContext[str], stream: AsyncIterable[Any]) -> None:
+        kinds = [e.name if isinstance(e, CodeModeEvent) else e.event_kind async for e in stream]
+        calls.append((ctx.run_step, ctx.deps, kinds))
+
+    tq = new_task_queue()
+    async with running_worker(client, [durable], task_queue=tq):
+        result = await run_agent(client, durable, "Get two", task_queue=tq, deps="the deps",
+                                 event_stream_handler=handler)
+    assert result.output == "two numbers"
+    # One call per node, as agent.run() makes them: the model request, the response's tool calls, the next request.
+    assert [(step, deps) for step, deps, _ in calls] == [(0, "the deps"), (1, "the deps"), (1, "the deps"),
+                                                          (2, "the deps"), (2, "the deps")][:len(calls)]
+    model_first, tools, model_second = calls[1][2], calls[2][2], calls[3][2]
+    assert model_first[0] == "codemode.model_request" and "part_start" in model_first
+    assert tools[0] == "function_tool_call" and tools[-1] == "function_tool_result"
+    assert "codemode.print" in tools and tools.count("codemode.nested_call_end") == 2
+    assert model_second[0] == "codemode.model_request"

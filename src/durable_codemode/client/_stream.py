@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 import warnings
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -58,13 +59,22 @@ from ..workflow._event_stream import StreamInfo
 from ..workflow._run import CodeModeRunWorkflow
 from ._operations import DEFAULT_ANSWER_TIMEOUT, run_result
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events"]
+__all__ = ["DEFAULT_PATIENCE", "DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events"]
 
 DEFAULT_POLL_INTERVAL = timedelta(milliseconds=100)
 """How often a caught-up subscriber asks the run for new events."""
 
 _POLL_QUERY = "__temporal_workflow_stream_poll"
 """Workflow Streams' query for the events from an offset (its wire protocol's name)."""
+
+DEFAULT_PATIENCE = timedelta(minutes=5)
+"""How long a subscriber keeps asking while no worker answers or the server is unreachable (`stream_events`)."""
+
+_PASSING = frozenset({RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED,
+                      RPCStatusCode.INTERNAL, RPCStatusCode.UNKNOWN, RPCStatusCode.RESOURCE_EXHAUSTED})
+"""Failures of a question that pass (a server restarting, a worker deploying): asked again, within `patience`."""
+_AGAIN = 0.2
+"""Seconds between questions while they fail that way."""
 
 _CLOSED_CHECK = timedelta(seconds=1)
 """How long a subscriber hears nothing before it asks the server whether the run closed without an end event
@@ -138,6 +148,7 @@ async def stream_events(
     output_type: Any = None,
     poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
     timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
+    patience: timedelta = DEFAULT_PATIENCE,
 ) -> AsyncIterator[RunEventItem]:
     """The events of run `run_id` as it publishes them, from its start or after offset `after`, until its end.
 
@@ -150,6 +161,9 @@ async def stream_events(
             takes it); `None`: the JSON the workflow returned.
         poll_interval: how often to ask the run for new events while caught up (one query each, no history).
         timeout: how long one question may wait for a worker to answer.
+        patience: once streaming, how long to keep asking while no worker answers or the server is unreachable (a
+            deploy, a crashed worker, a server restart) before giving up with the error; the run's events wait in
+            its history meanwhile, and nothing is lost or repeated when a worker answers again.
 
     Yields:
         `RunEventItem`s in offset order. The last is the run's end: pydantic-ai's `AgentRunResultEvent` when it
@@ -159,7 +173,8 @@ async def stream_events(
     Raises:
         RunNotFoundError: no run `run_id` on the server.
         CodeModeUserError: the run does not stream its events, or `after` is not an offset.
-        WorkerUnavailableError: no worker answers for the run (its events are served by its workflow).
+        WorkerUnavailableError: no worker answers for the run (its events are served by its workflow): at once
+            for the first question, after `patience` later.
 
     """
     if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < -1):
@@ -178,9 +193,7 @@ async def stream_events(
     quiet = 0.0
     warned: set[str] = set()
     while True:
-        page: PollResult = await _ask(handle, handle.query(
-            _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult, rpc_timeout=timeout),
-            timeout)
+        page = await _page(handle, offset, timeout, patience)
         for wire in page.items:
             if wire.offset < offset:  # (never: the query answers from `offset` on)
                 continue
@@ -202,13 +215,28 @@ async def stream_events(
             quiet = 0.0
             status = await _status(handle)
             if status is not None:  # closed without an end event: a last look, then the end the server says
-                page = await _ask(handle, handle.query(_POLL_QUERY, PollInput(topics=[], from_offset=offset),
-                                                       result_type=PollResult, rpc_timeout=timeout), timeout)
+                page = await _page(handle, offset, timeout, patience)
                 if page.items:
                     continue
                 yield RunEventItem(offset, RunEndEvent(status=status, error=f"the run was {status.replace('_', ' ')}"))
                 return
         await asyncio.sleep(poll)
+
+
+async def _page(handle: WorkflowHandle[Any, Any], offset: int, timeout: timedelta, patience: timedelta) -> PollResult:
+    """The run's events from `offset` on; while no worker or server answers, asked again for up to `patience`."""
+    since = time.monotonic()
+    while True:
+        try:
+            page: PollResult = await _ask(handle, handle.query(
+                _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult, rpc_timeout=timeout),
+                timeout)
+            return page
+        except (WorkerUnavailableError, RPCError) as e:
+            passing = not isinstance(e, RPCError) or e.status in _PASSING
+            if not passing or time.monotonic() - since > patience.total_seconds():
+                raise
+        await asyncio.sleep(_AGAIN)
 
 
 def _event(decode: Callable[..., Any], payload: Payload, warned: set[str]) -> Any:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Iterator
+from collections.abc import AsyncIterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,7 +41,7 @@ from pydantic_ai.capabilities import (
     WrapperCapability,
 )
 from pydantic_ai.capabilities.abstract import ModelSelector, WrapModelRequestHandler, WrapRunHandler
-from pydantic_ai.messages import ModelResponse, ToolCallPart
+from pydantic_ai.messages import AgentStreamEvent, ModelResponse, ToolCallPart
 from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.tool_manager import ToolManager
 from pydantic_ai.tools import ToolDefinition
@@ -369,8 +369,8 @@ class _Quiet(RunHooksMasked):
 
     Those runs (describe, the output check) are pydantic-ai runs on a `FunctionModel` that ask what it would send,
     or check a response the model already gave. The masked hooks ran once where they belong (`before_run` in
-    describe, the model-request hooks in the model activity) and must not run, rewrite the history, or see a
-    probe's answer again. Every other hook (instructions, output hooks) is the wrapped capability's.
+    describe, the model-request and event-stream hooks in the model activity) and must not run, rewrite the history,
+    or see a probe's answer again. Every other hook (instructions, output hooks) is the wrapped capability's.
     """
 
     async def before_model_request(self, ctx: RunContext[Any],
@@ -388,6 +388,28 @@ class _Quiet(RunHooksMasked):
     async def wrap_model_request(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
                                  handler: WrapModelRequestHandler) -> ModelResponse:
         return await handler(request_context)
+
+    # Event-stream hooks: a probe's events are not the run's (they fire on the model step's, `EVENT_STREAM_HOOKS`),
+    # and a capability that listens would make pydantic-ai stream the probe's `FunctionModel`, which cannot.
+
+    @property
+    def has_on_event(self) -> bool:
+        return False
+
+    @property
+    def has_wrap_run_event_stream(self) -> bool:
+        return False
+
+    def listens_to(self, event: AgentStreamEvent) -> bool:
+        return False
+
+    async def on_event(self, ctx: RunContext[Any], *, event: AgentStreamEvent) -> None:
+        return None
+
+    async def wrap_run_event_stream(self, ctx: RunContext[Any], *,
+                                    stream: AsyncIterable[AgentStreamEvent]) -> AsyncIterable[AgentStreamEvent]:
+        async for event in stream:
+            yield event
 
     async def on_model_request_error(self, ctx: RunContext[Any], *, request_context: ModelRequestContext,
                                      error: Exception) -> ModelResponse:
@@ -427,7 +449,7 @@ class _Prepared(_Quiet):
         return tool_defs
 
 
-_MASKED = RUN_HOOKS | MODEL_REQUEST_HOOKS
+_MASKED = RUN_HOOKS | MODEL_REQUEST_HOOKS | EVENT_STREAM_HOOKS
 _PREPARE_HOOKS = frozenset({"prepare_tools", "prepare_output_tools"})
 
 

@@ -553,8 +553,8 @@ class _SnippetDriver:
         """Tell the run's observers what the program printed since they were last told.
 
         Called where the program makes a tool call or is about to wait on Temporal, and at its end: points a replay
-        reaches with the same printed text (never between a stretch and its recorded outcome, whose prints a replay learns only
-        from the compute activity's result), so the text comes in the same pieces live and on replay.
+        reaches with the same printed text (never between a stretch and its recorded outcome, whose prints a replay
+        learns only from the compute activity's result), so the text comes in the same pieces live and on replay.
         """
         printed = self._printed()
         if len(printed) > self._told:
