@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "clip", "code_lines", "jsonable", "one_line", "preview",
-           "printable"]
+__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "call_arguments", "clip", "code_lines", "jsonable",
+           "one_line", "preview", "printable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -104,6 +104,15 @@ def one_line(value: Any) -> str:
     """`value` as one line of text (JSON unless it is a string), whole: `clip` it to a preview's length."""
     text = value if isinstance(value, str) else json.dumps(jsonable(value), ensure_ascii=False, default=repr)
     return " ".join(text.split())
+
+
+def call_arguments(arguments: dict[str, Any], limit: int = PREVIEW_CHARS) -> str:
+    """A call's arguments as the call would be written, `i=3, name="x"`, at most `limit` characters.
+
+    The one argument format of every view of a call: the watchers, the traces, the live events.
+    """
+    text = ", ".join(f"{k}={json.dumps(jsonable(v), ensure_ascii=False, default=repr)}" for k, v in arguments.items())
+    return clip(" ".join(text.split()), limit)
 
 
 def clip(text: str, limit: int) -> str:

@@ -214,7 +214,7 @@ class NestedCallStartEvent(CodeModeEvent, name="codemode.nested_call_start"):
     """The nested call's id, `<run_code call id>.<n>` (also its activity's id, before the digest)."""
     tool: str
     args: str
-    """A preview of the arguments: one line of JSON, at most `MAX_PREVIEW` characters."""
+    """A preview of the arguments as the call is written (`i=3, name="x"`), at most `MAX_PREVIEW` characters."""
     line: int
     """The program's line the call is on (1-based)."""
     needs_approval: bool = False
@@ -248,7 +248,7 @@ class ApprovalWaitEvent(CodeModeEvent, name="codemode.approval_wait"):
     call_id: str
     tool: str
     args: str
-    """A preview of the arguments (`pending_approvals` has them whole)."""
+    """A preview of the arguments as the call is written (`pending_approvals` has them whole)."""
     line: int
     policy: str | None = None
     """Who may decide, in words (the tool's approver policy); `None`: anyone the workers accept."""

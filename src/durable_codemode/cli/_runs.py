@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ from ..client._operations import (
     start_run,
     validate_run_input,
 )
+from ..client._stream import streams
 from ..client._watch import WatchOutcome, watch_run
+from ..client._watch_stream import watch_stream
 from ..history._trace import render_tree
 from ..worker._worker import connect
 from ._output import err, say, say_json, server_address, tree_width
@@ -66,7 +69,7 @@ async def start_command(args: argparse.Namespace) -> int:
         handle = await start_run(client, args.agent, args.prompt, task_queue=args.task_queue,
                                  model=args.model, message_history=messages, deps=deps,
                                  started_by=args.started_by or os.environ.get("USER"),
-                                 instructions=args.instructions)
+                                 instructions=args.instructions, stream=True if args.follow else None)
     except RPCError as e:
         raise CodeModeUserError(
             f"the server at {server_address(client)} refused to start the run: {e.message}"
@@ -100,10 +103,16 @@ def _print_result(result: RunResult[Any], *, json_output: bool) -> None:
 
 
 async def _follow(client: Client, workflow_id: str, run_id: str | None, *, json_output: bool) -> int:
-    """Show a run live (`watch_command`), then its answer and tree, or what it waits for and how to decide it."""
+    """Show a run live (`watch_command`), then its answer and tree, or what it waits for and how to decide it.
+
+    From the run's event stream when it streams (every `codemode run --follow` does); else from its history.
+    """
+    out = sys.stderr if json_output else sys.stdout
     try:
-        outcome: WatchOutcome = await watch_run(client, workflow_id, run_id=run_id,
-                                                out=sys.stderr if json_output else sys.stdout)
+        if await streams(client, workflow_id, timeout=timedelta(seconds=2)):
+            outcome: WatchOutcome = await watch_stream(client, workflow_id, out=out)
+        else:
+            outcome = await watch_run(client, workflow_id, run_id=run_id, out=out)
     except asyncio.CancelledError:
         err(f"stopped watching; run {workflow_id} goes on (`codemode watch {workflow_id}` picks it up again)")
         raise

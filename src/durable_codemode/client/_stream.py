@@ -59,7 +59,8 @@ from ..workflow._event_stream import StreamInfo
 from ..workflow._run import CodeModeRunWorkflow
 from ._operations import DEFAULT_ANSWER_TIMEOUT, run_result
 
-__all__ = ["DEFAULT_PATIENCE", "DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events"]
+__all__ = ["DEFAULT_PATIENCE", "DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events",
+           "streams"]
 
 DEFAULT_POLL_INTERVAL = timedelta(milliseconds=100)
 """How often a caught-up subscriber asks the run for new events."""
@@ -109,35 +110,75 @@ def _decoded(wire: str) -> Payload:
     return payload
 
 
-async def _ask(handle: WorkflowHandle[Any, Any], what: Awaitable[Any], timeout: timedelta) -> Any:
-    """A query's answer, with its failures as errors that say what to do."""
+@dataclass(frozen=True)
+class _Run:
+    """The questions a subscriber asks one run, with their failures as errors that say what to do."""
+
+    client: Client
+    handle: WorkflowHandle[Any, Any]
+    timeout: timedelta
+    patience: timedelta = DEFAULT_PATIENCE
+
+    async def _ask(self, what: Awaitable[Any]) -> Any:
+        run_id = self.handle.id
+        try:
+            return await what
+        except RPCError as e:
+            if e.status == RPCStatusCode.NOT_FOUND:
+                raise RunNotFoundError(run_id, self.client.service_client.config.target_host) from e
+            if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
+                raise WorkerUnavailableError(
+                    f"no worker answered for run {run_id!r} within {self.timeout.total_seconds():g} s: its events "
+                    "are served by the run's workflow, so start a worker that serves the run's agent on its task "
+                    "queue (`codemode worker`)") from e
+            raise
+        except WorkflowQueryFailedError as e:
+            if "unknown" in str(e).lower() or "not registered" in str(e).lower():
+                raise CodeModeUserError(
+                    f"run {run_id!r} is served by a worker that does not stream events (a durable-codemode release "
+                    f"before streaming): upgrade its workers, or follow it with `codemode watch {run_id}`") from e
+            raise
+
+    async def info(self, poll: float) -> StreamInfo:
+        """Whether the run streams, waiting for it to say (it does once it has recorded its agent's settings)."""
+        while True:
+            info: StreamInfo = await self._ask(self.handle.query(STREAM_INFO_QUERY, result_type=StreamInfo,
+                                                                 rpc_timeout=self.timeout))
+            if info.streams is not None:
+                return info
+            await asyncio.sleep(poll)
+
+    async def page(self, offset: int) -> PollResult:
+        """The run's events from `offset` on; while no worker or server answers, asked again for `patience`."""
+        since = time.monotonic()
+        while True:
+            try:
+                page: PollResult = await self._ask(self.handle.query(
+                    _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult,
+                    rpc_timeout=self.timeout))
+                return page
+            except (WorkerUnavailableError, RPCError) as e:
+                passing = not isinstance(e, RPCError) or e.status in _PASSING
+                if not passing or time.monotonic() - since > self.patience.total_seconds():
+                    raise
+            await asyncio.sleep(_AGAIN)
+
+
+async def streams(client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT) -> bool:
+    """Whether run `run_id` streams its events (waiting, briefly, for a run that has not said yet).
+
+    `False` too when no worker answers or the run's worker predates streaming: its history can still be followed.
+
+    Raises:
+        RunNotFoundError: no run `run_id` on the server.
+
+    """
+    run = _Run(client, client.get_workflow_handle_for(CodeModeRunWorkflow.run, run_id), timeout)
     try:
-        return await what
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise RunNotFoundError(handle.id, handle._client.service_client.config.target_host) from e
-        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
-            raise WorkerUnavailableError(
-                f"no worker answered for run {handle.id!r} within {timeout.total_seconds():g} s: its events are "
-                "served by the run's workflow, so start a worker that serves the run's agent on its task queue "
-                "(`codemode worker`)") from e
-        raise
-    except WorkflowQueryFailedError as e:
-        if "unknown" in str(e).lower() or "not registered" in str(e).lower():
-            raise CodeModeUserError(
-                f"run {handle.id!r} is served by a worker that does not stream events (a durable-codemode release "
-                f"before streaming): upgrade its workers, or follow it with `codemode watch {handle.id}`") from e
-        raise
-
-
-async def _stream_info(handle: WorkflowHandle[Any, Any], poll: float, timeout: timedelta) -> StreamInfo:
-    """Whether the run streams, waiting for it to say (it does once it has recorded its agent's settings)."""
-    while True:
-        info: StreamInfo = await _ask(handle, handle.query(STREAM_INFO_QUERY, result_type=StreamInfo,
-                                                           rpc_timeout=timeout), timeout)
-        if info.streams is not None:
-            return info
-        await asyncio.sleep(poll)
+        info = await run.info(DEFAULT_POLL_INTERVAL.total_seconds())
+    except (WorkerUnavailableError, CodeModeUserError, RPCError, WorkflowQueryFailedError):
+        return False
+    return bool(info.streams)
 
 
 async def stream_events(
@@ -182,8 +223,9 @@ async def stream_events(
     if poll_interval <= timedelta(0):
         raise CodeModeUserError(f"poll_interval must be positive, got {poll_interval}")
     handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, run_id)
+    run = _Run(client, handle, timeout, patience)
     poll = poll_interval.total_seconds()
-    info = await _stream_info(handle, poll, timeout)
+    info = await run.info(poll)
     if not info.streams:
         raise CodeModeUserError(
             f"run {run_id!r} does not stream its events: start it with start_run(..., stream=True) or give its agent "
@@ -193,7 +235,7 @@ async def stream_events(
     quiet = 0.0
     warned: set[str] = set()
     while True:
-        page = await _page(handle, offset, timeout, patience)
+        page = await run.page(offset)
         for wire in page.items:
             if wire.offset < offset:  # (never: the query answers from `offset` on)
                 continue
@@ -215,28 +257,12 @@ async def stream_events(
             quiet = 0.0
             status = await _status(handle)
             if status is not None:  # closed without an end event: a last look, then the end the server says
-                page = await _page(handle, offset, timeout, patience)
+                page = await run.page(offset)
                 if page.items:
                     continue
                 yield RunEventItem(offset, RunEndEvent(status=status, error=f"the run was {status.replace('_', ' ')}"))
                 return
         await asyncio.sleep(poll)
-
-
-async def _page(handle: WorkflowHandle[Any, Any], offset: int, timeout: timedelta, patience: timedelta) -> PollResult:
-    """The run's events from `offset` on; while no worker or server answers, asked again for up to `patience`."""
-    since = time.monotonic()
-    while True:
-        try:
-            page: PollResult = await _ask(handle, handle.query(
-                _POLL_QUERY, PollInput(topics=[], from_offset=offset), result_type=PollResult, rpc_timeout=timeout),
-                timeout)
-            return page
-        except (WorkerUnavailableError, RPCError) as e:
-            passing = not isinstance(e, RPCError) or e.status in _PASSING
-            if not passing or time.monotonic() - since > patience.total_seconds():
-                raise
-        await asyncio.sleep(_AGAIN)
 
 
 def _event(decode: Callable[..., Any], payload: Payload, warned: set[str]) -> Any:

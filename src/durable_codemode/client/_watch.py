@@ -19,7 +19,6 @@ it prints what waits and the commands that decide it.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -39,12 +38,12 @@ from .._names import (
     MODEL_REQUEST_ACTIVITY,
     RUN_CODE_TOOL,
 )
-from .._results import code_lines, preview, printable
+from .._results import call_arguments, code_lines, preview, printable
 from .._types import RunResult
 from ..history._events import RecordedActivity, RecordedRun, RunReader
 from ..workflow._run import CodeModeRunWorkflow
 
-__all__ = ["WatchOutcome", "watch_run"]
+__all__ = ["WatchOutcome", "WatchState", "watch_run"]
 
 _FEW = 8
 """A snippet's first calls are printed one by one; past this many, progress lines instead."""
@@ -53,19 +52,22 @@ _QUIET = timedelta(seconds=1)
 """History silent this long while the run is open: ask whether it waits for a person."""
 
 
+WatchState = Literal["completed", "failed", "waiting", "terminated", "cancelled", "timed-out"]
+"""How a watched run stood when watching stopped."""
+
+
 @dataclass
 class WatchOutcome:
     """How a watched run stood when watching stopped."""
 
-    state: Literal["completed", "failed", "waiting", "terminated", "cancelled", "timed-out"]
+    state: WatchState
     result: RunResult[Any] | None = None
     failure: str | None = None
     pending: list[PendingApproval] = field(default_factory=list)
 
 
 def _label(call_id: str, tool: str, arguments: dict[str, Any]) -> str:
-    args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=str)}" for k, v in arguments.items())
-    return f"{call_id} {tool}({args if len(args) <= 80 else args[:79] + '…'})"
+    return f"{call_id} {tool}({call_arguments(arguments, 80)})"
 
 
 @dataclass

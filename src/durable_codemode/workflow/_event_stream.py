@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     )
 
     from .._names import RUN_CODE_TOOL
-    from .._results import one_line
+    from .._results import call_arguments, one_line
     from .._run_events import (
         EVENTS_TOPIC,
         MAX_EVENT_TEXT,
@@ -385,7 +385,7 @@ class RunEventStream(RunTelemetry):
         if line is None:  # a direct call (its FunctionToolCallEvent says it), or a run that does not stream
             return coro
         snippet = call_id.rsplit(".", 1)[0]
-        self._publish(NestedCallStartEvent(call_id=call_id, tool=tool, args=bounded(args), line=line,
+        self._publish(NestedCallStartEvent(call_id=call_id, tool=tool, args=call_arguments(args), line=line,
                                            needs_approval=call_id in approvals.pending, tool_call_id=snippet,
                                            tool_name=RUN_CODE_TOOL))
         wait = self._waits.pop(call_id, None)
@@ -404,7 +404,7 @@ class RunEventStream(RunTelemetry):
 
     def approval_waiting(self, pending: PendingApproval, *, policy: str | None) -> None:
         nested = pending.call_id in self._sites
-        wait = ApprovalWaitEvent(call_id=pending.call_id, tool=pending.tool, args=bounded(pending.args),
+        wait = ApprovalWaitEvent(call_id=pending.call_id, tool=pending.tool, args=call_arguments(pending.args),
                                  line=pending.line, policy=policy, expires_at=pending.expires_at,
                                  tool_call_id=pending.call_id.rsplit(".", 1)[0] if nested else pending.call_id,
                                  tool_name=RUN_CODE_TOOL if nested else pending.tool)

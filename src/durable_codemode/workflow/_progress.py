@@ -28,7 +28,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
-from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, run_telemetry
+from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
@@ -130,6 +130,11 @@ class RunProgress:
         """First thing as the run starts: take its observers (`_telemetry.observe_run`), and show them its approvals."""
         self.telemetry = run_telemetry()
         self.telemetry.approvals(approvals)
+
+    def observe(self, observer: RunTelemetry) -> None:
+        """Add the run's own `observer` (its event stream, once the run knows it streams), before its loop starts."""
+        observe_run(observer)
+        self.telemetry = run_telemetry()
 
     def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
             ) -> Coroutine[Any, Any, RunResult[Any]]:

@@ -70,7 +70,7 @@ with workflow.unsafe.imports_passed_through():
     from .._results import PREVIEW_CHARS, clip, one_line, preview
     from .._run_events import EventStreamSettings
     from .._signing import ApproverKeyring
-    from .._telemetry import ApprovalState, observe_run
+    from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
         AfterRunInput,
@@ -331,7 +331,6 @@ class CodeModeRunWorkflow:
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
-        observe_run(self._events)
         self._progress.start(lambda: ApprovalState(pending=self.pending_approvals(), audit=list(self._approvals.audit)))
         cont = input.continuation
         if cont is None:
@@ -355,6 +354,8 @@ class CodeModeRunWorkflow:
             raise refusal
         self._events.start(self._stream_settings(input, spec), agent=spec.agent, model=input.model or spec.model_name,
                            first=input.continuation is None)
+        if self._events.streams:  # a run that does not stream has no such observer: it costs nothing
+            self._progress.observe(self._events)
         self._deps = input.deps
         self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
