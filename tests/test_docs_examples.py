@@ -700,6 +700,10 @@ def _names(tree: ast.AST) -> tuple[set[str], set[str]]:
             bound.add(node.arg)
         elif isinstance(node, ast.alias):
             bound.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:  # `case Event(text=text)` binds `text`
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
     return used - bound - set(dir(builtins)), bound
 
 

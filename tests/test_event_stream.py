@@ -536,3 +536,21 @@ async def test_subscribers_of_an_uncached_run_under_load_see_the_same_events(cli
     prints = "".join(i.event.text for i in fresh if isinstance(i.event, PrintEvent))
     assert prints == "".join(f"step {i}\n" for i in range(12))
     await replay(handle)
+
+
+async def test_a_run_without_model_deltas_publishes_each_part_whole_and_no_signal(client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    agent = Agent(scripted_model(RunCode("print('hi')\n6 * 7"), "forty-two"), name=f"whole{suffix}")
+    durable = CodeModeAgent(agent, stream=EventStreamSettings(model_deltas=False))
+    tq = new_task_queue()
+    async with running_worker(client, [durable], task_queue=tq):
+        handle = await start_run(client, durable, "Go", task_queue=tq)
+        items = await collect(client, handle.id)
+        assert (await handle.result()).output == "forty-two"
+    events = [i.event for i in items]
+    assert not any(isinstance(e, PartDeltaEvent) for e in events)
+    parts = [e.part for e in events if isinstance(e, PartEndEvent)]
+    assert [type(p).__name__ for p in parts] == ["ToolCallPart", "TextPart"] and parts[1].content == "forty-two"
+    history = await handle.fetch_history()
+    assert not any(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events)
+    await replay(handle)

@@ -133,6 +133,10 @@ class EventStreamSettings:
     """How often a model activity sends what the model streamed to the run (one signal, one history event each):
     the model's deltas within one interval are coalesced into one delta per part. Longer: fewer history events,
     a later first token at the subscriber. Between 10 ms and 10 s."""
+    model_deltas: bool = True
+    """Stream the model's response as it is made (parts and deltas, published by the model activity: a signal, so
+    a history event, per batch interval while the model streams). `False`: each part is published whole, once the
+    response is in, by the workflow: no history event at all, and no text before the response is complete."""
     keep_events: int = 5_000
     """Events the run keeps in its workflow's memory for subscribers; older ones are trimmed (a subscriber that
     resumes from a trimmed offset gets a `codemode.events_trimmed` event saying how many it missed)."""

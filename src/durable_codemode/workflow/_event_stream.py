@@ -337,13 +337,20 @@ class RunEventStream(RunTelemetry):
         self._publish(ModelRequestStartEvent(turn=turn))
         self._model_turn = turn
         try:
-            return await coro
+            answer = await coro
         except BaseException:
             if turn in self._model_attempts:  # what it streamed belongs to no response
                 self._publish(ModelStreamResetEvent(turn=turn, attempt=0, reason="the model request failed"))
             raise
         finally:
             self._model_turn = None
+        settings = self.settings
+        if settings is not None and not settings.model_deltas:  # the response whole, each part at once
+            response = getattr(answer, "response", answer)  # (a `ModelStep` carries it)
+            for index, part in enumerate(getattr(response, "parts", ())):
+                self._publish(PartStartEvent(index=index, part=part))
+                self._publish(PartEndEvent(index=index, part=part))
+        return answer
 
     def tool_calls(self, calls: Sequence[ToolCallPart]) -> None:
         for call in calls:

@@ -563,7 +563,9 @@ class CodeModeRunWorkflow:
 
     def _model_stream(self, turn: int) -> ModelStreamTarget | None:
         settings = self._events.settings
-        return ModelStreamTarget(turn=turn, batch_interval=settings.model_batch_interval) if settings else None
+        if settings is None or not settings.model_deltas:
+            return None
+        return ModelStreamTarget(turn=turn, batch_interval=settings.model_batch_interval)
 
     async def _finish(self, input: RunInput, messages: list[ModelMessage], output: Any,
                       cont: Continuation) -> RunResult[Any]:
