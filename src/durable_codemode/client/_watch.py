@@ -104,7 +104,8 @@ class _Follower:
     def in_flight(self) -> int:
         return len(self._calls) + len(self._models)
 
-    def _snippet(self, call_id: str) -> tuple[str, _Snippet]:
+    def snippet_of(self, call_id: str) -> tuple[str, _Snippet]:
+        """The snippet a nested call `call_id` belongs to: its name (the `run_code` call id) and its counts."""
         name = call_id.rsplit(".", 1)[0] if "." in call_id else call_id
         return name, self._snippets.setdefault(name, _Snippet())
 
@@ -198,7 +199,7 @@ class _Follower:
 
     def _started(self, event_id: int, label: str, activity_id: str, at_ns: int, *, quiet: bool = False) -> None:
         call_id = label.split(" ", 1)[0] if " " in label else activity_id.rsplit("-", 1)[0]
-        name, snippet = self._snippet(call_id)
+        name, snippet = self.snippet_of(call_id)
         call = self._calls[event_id] = _Call(label=label, snippet=name, scheduled_ns=at_ns)
         snippet.started += 1
         if not quiet and snippet.started <= _FEW:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TextIO
 
@@ -62,21 +60,13 @@ _QUIET = timedelta(seconds=1)
 """Nothing new for this long while every call in flight waits for a person: the run waits; watching stops."""
 
 
-@dataclass
-class _Snippet:
-    started: int = 0
-    done: int = 0
-    errors: int = 0
-    shown: set[str] = field(default_factory=set)
-    last_progress: float = 0.0
-    progress_shown: int = 0
-
-
 class _StreamFollower:
+    """Draws a run's events as lines, with the history follower's snippet counts and progress lines."""
+
     def __init__(self, out: TextIO, progress_every: float) -> None:
         self._lines = _Lines(out, progress_every)
-        self._progress_every = progress_every
-        self._snippets: dict[str, _Snippet] = {}
+        self._shown: set[str] = set()
+        """The calls shown as they started (a long snippet's first few), whose end is shown too."""
         self._labels: dict[str, str] = {}
         self.in_flight: set[str] = set()
         self.waiting: set[str] = set()
@@ -107,8 +97,8 @@ class _StreamFollower:
                         self.say("   │ …")
                 else:
                     self.say(f"model turn {self._turn} → {name}({preview(part.args_as_dict(), 80)[1:-1]})")
-            case NestedCallStartEvent(call_id=call_id, tool=tool, args=args, tool_call_id=snippet_id):
-                self._started(call_id, tool, args, snippet_id or "")
+            case NestedCallStartEvent(call_id=call_id, tool=tool, args=args):
+                self._started(call_id, tool, args)
             case NestedCallEndEvent(call_id=call_id, status=status, seconds=seconds, result=result):
                 self._finished(call_id, status, seconds, result)
             case PrintEvent(text=text):
@@ -141,42 +131,32 @@ class _StreamFollower:
             case EventsTrimmedEvent(missed=missed):
                 self.say(f"… {missed} earlier events are no longer kept by the run")
 
-    def _started(self, call_id: str, tool: str, args: str, snippet_id: str) -> None:
-        snippet = self._snippets.setdefault(snippet_id, _Snippet())
+    def _started(self, call_id: str, tool: str, args: str) -> None:
+        name, snippet = self._lines.snippet_of(call_id)
         snippet.started += 1
         self.in_flight.add(call_id)
         label = self._labels[call_id] = f"{call_id} {tool}({args})"
         if snippet.started <= _FEW:
             self.say(f"  ▸ {label}")
-            snippet.shown.add(call_id)
+            self._shown.add(call_id)
         elif snippet.started == _FEW + 1:
-            self.say(f"  ▸ … more calls from {snippet_id}; progress below")
+            self.say(f"  ▸ … more calls from {name}; progress below")
 
     def _finished(self, call_id: str, status: str, seconds: float, result: str) -> None:
         self.in_flight.discard(call_id)
         self.waiting.discard(call_id)
-        snippet_id = call_id.rsplit(".", 1)[0]
-        snippet = self._snippets.setdefault(snippet_id, _Snippet())
+        _, snippet = self._lines.snippet_of(call_id)
         snippet.done += 1
         error = status != "ok"
         snippet.errors += error
-        label = self._labels.get(call_id, call_id)
-        if error or call_id in snippet.shown:
+        if error or call_id in self._shown:
             mark = "✓" if not error else "✗"
             text = f"ok {seconds * 1000:.0f} ms → {preview(result, 60)}" if not error else f"{status}: {result}"
-            self.say(f"  {mark} {label}  {text}")
+            self.say(f"  {mark} {self._labels.get(call_id, call_id)}  {text}")
         self.progress()
 
     def progress(self, *, final: bool = False) -> None:
-        now = time.monotonic()
-        for name, snippet in self._snippets.items():
-            if snippet.started <= _FEW or snippet.done == snippet.progress_shown:
-                continue
-            finished = snippet.done >= snippet.started
-            if finished or final or now - snippet.last_progress >= self._progress_every:
-                errors = f" ({snippet.errors} errors)" if snippet.errors else ""
-                self.say(f"  {name}: {snippet.done}/{snippet.started} done{errors}")
-                snippet.last_progress, snippet.progress_shown = now, snippet.done
+        self._lines.progress(final=final)
 
     @property
     def held_by_people(self) -> bool:
