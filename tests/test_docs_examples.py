@@ -81,9 +81,9 @@ README_COMMANDS = """\
 # Install and run the demo: an agent run on an embedded Temporal dev server, driven by the bundled scripted model
 python3 -m venv .venv && .venv/bin/pip install -q -e . && .venv/bin/codemode demo
 
-# Run the tests (a real Temporal dev server, real Monty, real SQLite; the model is scripted), on the newest
-# pydantic-ai, then again on the oldest release supported (in a second venv, .venv-oldest)
-python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest && .venv/bin/python -m tests.on_oldest_pydantic_ai
+# Run the tests (a real Temporal dev server, real Monty, real SQLite, Debian's chromium for the web page, installed
+# first if missing; the model is scripted), on the newest pydantic-ai, then on the oldest supported (.venv-oldest)
+(command -v chromium || (apt-get update -q && apt-get install -y -q chromium)) && python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]' && .venv/bin/python -m pytest && .venv/bin/python -m tests.on_oldest_pydantic_ai
 """  # noqa: E501 (the README's command, one line to copy)
 """The README's first block, exactly: a newcomer's two commands."""
 
@@ -317,7 +317,7 @@ def _commands(block: Block) -> Iterator[list[str]]:
         lexer.whitespace_split, lexer.commenters = True, "#"
         command: list[str] = []
         for word in lexer:
-            if word in ("&&", "||", ";", "|", "&"):
+            if word in ("&&", "||", ";", "|", "&") or set(word) <= {"(", ")"}:  # (a subshell's parentheses too)
                 if command:
                     yield command
                 command = []
@@ -444,6 +444,11 @@ def check_command(command: list[str]) -> None:
     elif program == "temporal":
         subs = list(itertools.takewhile(lambda a: not a.startswith("-"), args))
         _check_flags(text, args[len(subs):], _help(temporal_cli_path(), *subs), _help(temporal_cli_path(), "options"))
+    elif program == "command":  # `command -v chromium`: is it installed
+        assert args[:1] == ["-v"] and len(args) == 2, text
+    elif program == "apt-get":  # Debian's chromium for the browser tests, only
+        assert args[0] in ("update", "install"), text
+        assert args[0] == "update" or [a for a in args[1:] if not a.startswith("-")] == ["chromium"], text
     elif program == "docker":
         assert args[:2] == ["compose", "-f"], text
         compose = yaml.safe_load((ROOT / args[2]).read_text())

@@ -233,7 +233,7 @@ class NestedCallEndEvent(CodeModeEvent, name="codemode.nested_call_end"):
     tool: str
     status: Literal["ok", "error", "denied", "cancelled"]
     seconds: float
-    """From the call to its answer, in workflow time (the approval wait included)."""
+    """From the call's start (once approved, if it waited for a person) to its answer, in workflow time."""
     result: str
     """A preview of the result (`ok`), or the exception the program got (`error`, `denied`)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 from ..benchmark import add_bench_command
 from ..client._listing import RUN_STATES
 from ..client._signer import KEY_ENV
+from ..ui import DEFAULT_UI_PORT
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ._approvals import approvals_command, approve_command, audit_command, deny_command, keygen_command
@@ -20,6 +21,7 @@ from ._history import history_command, replay_command, trace_command
 from ._output import ADDRESS_ENV
 from ._runs import runs_command, start_command, watch_command
 from ._serving import DEV_SERVER_DB, dev_command, worker_command
+from ._ui import ui_command
 
 
 def _duration(text: str) -> timedelta:
@@ -102,9 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--db", metavar="FILE",
                      help=f"SQLite file for the server's runs (default: {DEV_SERVER_DB})")
     dev.add_argument("--port", type=_port, default=7233, help="the server's port (default: 7233)")
-    dev.add_argument("--ui", action="store_true", help="also serve the web UI, on port + 1000")
+    dev.add_argument("--ui", action="store_true", help="also serve Temporal's web UI, on port + 1000")
+    dev.add_argument("--page-port", type=_port, default=DEFAULT_UI_PORT,
+                     help=f"the port of codemode's own page to watch runs and decide approvals (default: "
+                     f"{DEFAULT_UI_PORT}); its address, with its session token, is printed")
+    dev.add_argument("--no-page", action="store_true", help="do not serve codemode's page")
     _approver_flags(dev)
     dev.set_defaults(handler=dev_command)
+
+    ui = commands.add_parser("ui", help="a web page to watch runs live and decide the calls they wait on",
+                             description=f"Serve a page on 127.0.0.1 to watch the runs of {ADDRESS_ENV} (default "
+                             "localhost:7233) live and decide their waiting calls, as one approver (--key, "
+                             "signed as `codemode approve --key` signs; or --approver, unsigned) or read-only. "
+                             "It prints its address with a session token every request must carry.")
+    ui.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1; another needs "
+                    "--allow-remote)")
+    ui.add_argument("--port", type=_port, default=DEFAULT_UI_PORT, help=f"the port (default: {DEFAULT_UI_PORT})")
+    ui.add_argument("--key", metavar="FILE", help="decide as this approver, signing each decision with the key "
+                    "file `codemode keygen` wrote, as `codemode approve --key` does")
+    ui.add_argument("--approver", help="decide unsigned, as this person (only workers that take unsigned decisions, "
+                    "such as codemode dev's, accept them)")
+    ui.add_argument("--allow-remote", action="store_true", help="bind beyond loopback (put it behind TLS: the "
+                    "token travels in every request)")
+    ui.set_defaults(handler=ui_command)
 
     worker = commands.add_parser("worker", help="a worker for the bundled agents",
                                  description=f"Serve the bundled agents on {ADDRESS_ENV}; when it is unset, "

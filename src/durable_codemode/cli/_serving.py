@@ -23,6 +23,7 @@ from .._outcome import EXIT_OK
 from .._signing import ApproverKeyring
 from ..client._connect import configured_address
 from ..client._devserver import start_dev_server
+from ..ui import UIAccess, serve_ui
 from ..worker._agent import CodeModeAgent
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from ..worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
@@ -168,9 +169,19 @@ async def dev_command(args: argparse.Namespace) -> int:
         address = server_address(client)
         say(f"Temporal dev server at {address}, runs kept in {db.expanduser()}")
         if args.ui:
-            say(f"web UI at http://127.0.0.1:{args.port + 1000}")
+            say(f"Temporal's web UI at http://127.0.0.1:{args.port + 1000}")
+        page = None
+        if not args.no_page:
+            # The dev server takes unsigned decisions (unless keys are given): the page decides as $USER then.
+            access = UIAccess() if approvers.key_files else UIAccess(approver=os.environ.get("USER") or "dev")
+            page = asyncio.create_task(serve_ui(client, port=args.page_port, access=access, announce=lambda url: say(
+                f"codemode's page (watch runs, decide approvals, as {access.name or 'read-only'}): {url}")))
         _how_to_run(address, DEFAULT_TASK_QUEUE)
-        await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True, approvers=approvers)
+        try:
+            await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True, approvers=approvers)
+        finally:
+            if page is not None:
+                page.cancel()
     return EXIT_OK
 
 

@@ -18,7 +18,7 @@ import asyncio
 import base64
 import time
 import warnings
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -190,7 +190,7 @@ async def stream_events(
     poll_interval: timedelta = DEFAULT_POLL_INTERVAL,
     timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
     patience: timedelta = DEFAULT_PATIENCE,
-) -> AsyncIterator[RunEventItem]:
+) -> AsyncGenerator[RunEventItem, None]:
     """The events of run `run_id` as it publishes them, from its start or after offset `after`, until its end.
 
     Args:

@@ -1,0 +1,57 @@
+"""`codemode ui`: the web page to watch runs live and decide their waiting calls."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+
+from .._errors import CodeModeUserError
+from .._outcome import EXIT_OK
+from ..client._signer import ApprovalSigner
+from ..ui import UIAccess, serve_ui
+from ..worker._worker import connect
+from ._output import say, server_address
+
+__all__ = ["ui_access", "ui_command"]
+
+
+def ui_access(key: str | None, approver: str | None) -> UIAccess:
+    """Who the page decides as: `--key FILE` (signed), `--approver NAME` (unsigned), or nobody (read-only)."""
+    if key and approver:
+        raise CodeModeUserError("give --key (decide as the key's approver, signed) or --approver (unsigned), not both")
+    if key:
+        return UIAccess(signer=ApprovalSigner.load(key))
+    return UIAccess(approver=approver) if approver else UIAccess()
+
+
+def describe(access: UIAccess) -> str:
+    if access.signer is not None:
+        return f"decisions signed as {access.signer.approver} (key {access.signer.key_id})"
+    if access.approver:
+        return f"decisions unsigned, as {access.approver} (workers that take unsigned decisions only)"
+    return "read-only (--key FILE or --approver NAME to decide)"
+
+
+async def serve_until_stopped(client: object, **options: object) -> None:
+    """Serve the page until Ctrl-C or SIGTERM."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    serving = asyncio.create_task(serve_ui(client, **options))  # type: ignore[arg-type]
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({serving, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if serving.done():
+        serving.result()  # what stopped it
+    serving.cancel()
+    stopped.cancel()
+
+
+async def ui_command(args: argparse.Namespace) -> int:
+    access = ui_access(args.key, args.approver)
+    client = await connect()
+    say(f"codemode ui for {server_address(client)}: {describe(access)}; Ctrl-C stops it")
+    await serve_until_stopped(client, host=args.host, port=args.port, access=access, allow_remote=args.allow_remote,
+                              announce=lambda url: say(f"open {url}"))
+    return EXIT_OK
