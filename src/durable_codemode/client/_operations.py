@@ -49,6 +49,7 @@ from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._moving import run_motion
 from ._signer import ApprovalSigner
 from ._visibility import lacks_search_attributes, start_options
 
@@ -425,22 +426,50 @@ async def wait_for_approvals(
 ) -> list[PendingApproval]:
     """Wait until run `run_id` has at least `count` calls waiting for a decision; returns them.
 
-    It asks the run (the `pending_approvals` query) ten times a second: a query records nothing in the history.
+    Ten times a second it asks the server whether the run is moving (a workflow task or an activity in flight,
+    `_moving.run_motion`), and asks the run itself (the `pending_approvals` query, which records nothing) when it is
+    not: a query that reaches a run on a worker without a workflow cache just as an activity completes can cost the
+    run a workflow task, and stall it for 10 s (`_moving`). A run whose own call waits while other calls run on (a
+    long tool beside it in a gather) is asked every 2 s. Waiters on one run in this process share each query: two
+    queries reaching such a worker together lose one of them the same way.
 
     Raises:
         TimeoutError: fewer calls than `count` waited within `timeout`.
         RunNotFoundError / WorkerUnavailableError: as `pending_approvals`.
 
     """
-    deadline = asyncio.get_running_loop().time() + timeout.total_seconds()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout.total_seconds()
+    asked_at = loop.time()
+    pending: list[PendingApproval] = []
     while True:
-        pending = await pending_approvals(client, run_id)
-        if len(pending) >= count:
-            return pending
-        if asyncio.get_running_loop().time() > deadline:
+        motion = await run_motion(client, run_id)
+        if not motion.moving or (motion.waiting and loop.time() - asked_at >= _ASK_A_MOVING_RUN_EVERY):
+            asked_at = loop.time()
+            pending = await _shared_ask(client, run_id)
+            if len(pending) >= count:
+                return pending
+        if loop.time() > deadline:
             raise TimeoutError(f"run {run_id!r} has {len(pending)} call(s) waiting for approval after {timeout}, "
                                f"not {count}")
         await asyncio.sleep(0.1)
+
+
+_ASK_A_MOVING_RUN_EVERY = 2.0
+"""Seconds between `wait_for_approvals`' queries of a run that waits for a person while other calls run on."""
+
+_ASKING: dict[tuple[int, int, str], asyncio.Future[list[PendingApproval]]] = {}
+"""The `pending_approvals` query in flight for each (event loop, client, run), which `wait_for_approvals` share."""
+
+
+async def _shared_ask(client: Client, run_id: str) -> list[PendingApproval]:
+    """`pending_approvals(client, run_id)`, sharing the query in flight for the same run, if there is one."""
+    key = (id(asyncio.get_running_loop()), id(client), run_id)
+    asking = _ASKING.get(key)
+    if asking is None:
+        asking = _ASKING[key] = asyncio.ensure_future(pending_approvals(client, run_id))
+        asking.add_done_callback(lambda _: _ASKING.pop(key, None))
+    return await asyncio.shield(asking)
 
 
 DEFAULT_SIGNATURE_LIFETIME = timedelta(minutes=5)
