@@ -65,14 +65,21 @@ class GuardrailError(CodeModeError):
 
 
 class RunFailedError(CodeModeError):
-    """A durable run's failure as its `on_run_error` hooks get it, when pydantic-ai has no exception type for it.
+    """A durable run's failure, rebuilt from what the run recorded: its type's name and its message.
 
-    E.g. a model request's final error, a limit of the sandbox, a tool's retries run out.
+    - Its `on_run_error` hooks get it when pydantic-ai has no exception type for the failure (a model request's
+      final error, a limit of the sandbox, a tool's retries run out); a usage limit, the output retries and a
+      `UserError` reach them as pydantic-ai's own `UsageLimitExceeded`, `UnexpectedModelBehavior` and `UserError`.
+    - `run_agent` and `run_result` raise a failure pydantic-ai has a type for (`UsageLimitExceeded`,
+      `UnexpectedModelBehavior`, `ModelHTTPError`, `UserError`, ...) as an exception of both that type and this
+      one, with `run_id` set, so `except UsageLimitExceeded` written for `agent.run()` catches it.
 
-    A usage limit, the output retries and a `UserError` reach the hooks as pydantic-ai's own `UsageLimitExceeded`,
-    `UnexpectedModelBehavior` and `UserError`. The failure was recorded in workflow code, perhaps on another worker,
-    so what is rebuilt is its type's name (`error_type`, e.g. `ModelHTTPError`) and its message.
+    The failure was recorded in workflow code, perhaps on another worker, so what is rebuilt is its type's name
+    (`error_type`, e.g. `ModelHTTPError`) and its message.
     """
+
+    run_id: str | None = None
+    """The durable run that failed (its workflow id); `None` for the hooks' copy, raised inside that run."""
 
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(f"{error_type}: {message}")

@@ -19,6 +19,7 @@ from pydantic_core import to_jsonable_python
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -49,6 +50,7 @@ from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._failures import agent_run_error
 from ._moving import run_motion
 from ._signer import ApprovalSigner
 from ._visibility import lacks_search_attributes, start_options
@@ -366,6 +368,14 @@ async def run_agent(
     `usage`, as in `agent.run(usage=...)`, is counted into: once the run ends it holds the total (the run's
     `RunResult.usage`, which is then that same object), so one `RunUsage` passed to each run of a conversation
     keeps its running total, and each run's `usage_limits` count the runs before it.
+
+    Raises:
+        pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: what
+            `agent.run()` raises for the same failure, with the same message; each is also a `RunFailedError`
+            whose `run_id` names the failed run (`codemode trace RUN_ID`), as `run_result` raises them.
+        temporalio.client.WorkflowFailureError: a failure pydantic-ai has no exception for.
+        InvalidRunInputError: as `start_run`; nothing started.
+
     """
     handle = await start_run(client, agent, prompt, task_queue=task_queue, model=model,
                              message_history=message_history, deps=deps, model_settings=model_settings,
@@ -381,8 +391,23 @@ async def run_agent(
 
 
 async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) -> RunResult[Any]:
-    """The result of a run (waiting for it to end), its output rebuilt as `output_type` if given (`typed_result`)."""
-    result: RunResult[Any] = await handle.result()
+    """The result of a run (waiting for it to end), its output rebuilt as `output_type` if given (`typed_result`).
+
+    Raises:
+        pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: the run
+            failed as `agent.run()` would have, with pydantic-ai's exception; it is also a `RunFailedError` whose
+            `run_id` names the run (`_failures.agent_run_error`).
+        temporalio.client.WorkflowFailureError: the run failed in a way pydantic-ai has no exception for (a
+            sandbox limit, a refused input, ...), was cancelled or terminated.
+
+    """
+    try:
+        result: RunResult[Any] = await handle.result()
+    except WorkflowFailureError as e:
+        raised = agent_run_error(e, handle.id)
+        if raised is None:
+            raise
+        raise raised from e
     return result if output_type is None else typed_result(result, output_type)
 
 
