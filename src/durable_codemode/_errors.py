@@ -3,6 +3,7 @@
 ```
 CodeModeError
 ├── CodeModeUserError        the library was used wrongly (bad configuration, unknown agent); fix the code
+│   └── DepsFactoryError     an agent's deps_factory failed for good, or built another type than its deps_type
 ├── AgentNotFoundError       a run names an agent this worker does not serve
 ├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
 ├── GuardrailError           a capability's before_run hook stopped a run at its start (the hook's error is the cause)
@@ -25,6 +26,7 @@ __all__ = [
     "CodeModeError",
     "CodeModeUserError",
     "DecisionConflictError",
+    "DepsFactoryError",
     "GuardrailError",
     "InvalidRunInputError",
     "RunClosedError",
@@ -42,6 +44,14 @@ class CodeModeError(Exception):
 
 class CodeModeUserError(CodeModeError):
     """durable-codemode was configured or called wrongly; the message says what to change."""
+
+
+class DepsFactoryError(CodeModeUserError):
+    """An agent's `deps_factory` raised a final error, or returned another type than the agent's `deps_type`.
+
+    The message names the agent, the factory and (for a wrong type) both types. Not retried: the same deps would
+    fail the same way. A factory's transient error (`ConnectionError`, `TransientToolError`) is retried instead.
+    """
 
 
 class AgentNotFoundError(CodeModeUserError):

@@ -254,6 +254,8 @@ class CodeModeActivities:
                                                       deps=input.deps))
         except TRANSIENT as e:
             raise ApplicationError(message_of(e), type=type(e).__name__) from e
+        except CodeModeUserError as e:  # its deps could not be built (`DepsFactoryError`)
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except Exception as e:
             raise ApplicationError(f"an after_run hook of agent {input.agent!r} failed the run: "
                                    f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
@@ -279,6 +281,8 @@ class CodeModeActivities:
                 raise ApplicationError(message_of(e), type=type(e).__name__) from e
             if not isinstance(e, Exception):
                 raise
+            if isinstance(e, CodeModeUserError):  # its deps could not be built (`DepsFactoryError`)
+                raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
             raise ApplicationError(f"an on_run_error hook of agent {input.agent!r} failed the run with "
                                    f"{type(e).__name__}: {message_of(e)} (the run had failed with "
                                    f"{input.error_type}: {input.error_message})", type=type(e).__name__,
@@ -300,11 +304,15 @@ class CodeModeActivities:
         ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=call_id, tool=tool_name,
                               attempt=info.attempt)
         usage = RunUsage()  # the tool's `ctx.usage`: what a sub-agent run adds is counted in the run (`_tool_usage`)
+
+        async def call() -> Any:
+            deps = await agent.deps_for_calls(payload.deps)  # once per activity
+            return await call_tool(agent, tool_name, payload.args, call_id=call_id, attempt=info.attempt, deps=deps,
+                                   recorded_schema=payload.schema_digest, usage=usage)
+
         with bind_call(ctx):
             try:
-                result = await heartbeating(
-                    call_tool(agent, tool_name, payload.args, call_id=call_id, attempt=info.attempt,
-                                    deps=payload.deps, recorded_schema=payload.schema_digest, usage=usage))
+                result = await heartbeating(call())
             except Exception as e:
                 raise tool_failure(tool_name, e) from e
         self._check_result_size(agent, tool_name, result)

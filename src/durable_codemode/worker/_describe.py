@@ -75,7 +75,7 @@ async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_typ
 
     """
     chosen = durable.resolve_model(model)
-    deps = durable.run_deps(raw_deps, type_name=deps_type)
+    deps = await durable.build_deps(raw_deps, type_name=deps_type)
     await _start(durable, chosen, deps, prompt)
     probe = await _probe(durable.agent, deps, prompt, instructions)
     tools = await _run_tools(durable, probe.info, deps, given=raw_deps is not None)
