@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -26,9 +28,12 @@ from durable_codemode import (
     child_run_tool,
     decide,
     pending_approvals,
+    rejected_decisions,
     start_run,
+    wait_for_approvals,
 )
-from durable_codemode._names import child_run_id
+from durable_codemode._approvals import ChildApprovals, PendingApproval
+from durable_codemode._names import CHILD_APPROVALS_SIGNAL, child_run_id
 from durable_codemode.debugging import render_trace, trace_run
 from durable_codemode.testing import (
     CallTool,
@@ -41,6 +46,9 @@ from durable_codemode.testing import (
     scripted_model,
     user_prompt,
 )
+
+from .test_approval_authorization import KEYRING, KEYS
+from .test_debugging import address, codemode
 
 
 class Flight(BaseModel):
@@ -116,8 +124,6 @@ async def test_a_child_run_answers_the_call_and_its_usage_counts(client: Client)
     assert drawing.index("ask_extract") < drawing.index(f"child run {child_handle.id}")
 
     # `codemode watch` shows the call that started the child run, and its answer.
-    from .test_debugging import address, codemode
-
     rc, out, err = await codemode("watch", handle.id, address=address(client))
     assert rc == 0, (out, err)
     assert f'  ▸ {call.call_id} ask_extract{suffix}(prompt="AK123:350 LA101:250 AK456:370")' in out.splitlines()
@@ -142,10 +148,14 @@ async def test_a_child_runs_approvals_are_listed_by_its_parent(client: Client) -
                 await asyncio.sleep(0.05)
         (call,) = waiting
         assert call.tool == "log_request" and call.run_id == child_run_id(handle.id, "call_0.0")
-        # Deciding it on the parent says where it waits; deciding it there lets both runs go on.
+        # Deciding it on the parent says where it waits, and the parent lists the refusal (issue 42, item 3);
+        # deciding it there lets both runs go on.
         with pytest.raises(WorkflowUpdateFailedError) as refused:
             await decide(client, handle.id, call.call_id, approved=True, approver="ana")
-        assert f"waits in child run {call.run_id!r}" in str(refused.value.cause)
+        assert f"it may wait in this run's child run {call.run_id!r}" in str(refused.value.cause)
+        (rejected,) = await rejected_decisions(client, handle.id)
+        assert rejected.call_id == call.call_id and rejected.approver == "ana"
+        assert f"child run {call.run_id!r}" in rejected.reason
         await decide(client, call.run_id, call.call_id, approved=True, approver="ana")
         result = await handle.result()
         assert await pending_approvals(client, handle.id) == []
@@ -166,3 +176,95 @@ async def test_a_failed_child_run_is_an_exception_in_the_program(client: Client)
         result = await handle.result()
     assert f"the extractbad{suffix} run" in result.output and "the prompt holds no flights" in result.output
     await replay(handle)
+
+
+# -- attacks and faults on a parent's listing of its children's calls (issue 42, items 1 and 2) ----------------------
+
+
+def gated(name: str, steps: Any, *, child: CodeModeAgent | None = None) -> CodeModeAgent:
+    """An agent with `pay(x)`, a call a person must approve, and `ask_<child>` when given a child."""
+    agent = Agent(scripted_model(*steps), name=name,
+                  tools=[child_run_tool(child)] if child is not None else [])
+
+    @agent.tool_plain(requires_approval=True)
+    def pay(x: int) -> str:
+        """Pay `x`."""
+        PAID.append((name, x))
+        return f"paid {x}"
+
+    return CodeModeAgent(agent)
+
+
+PAID: list[tuple[str, int]] = []
+
+
+async def test_a_forged_list_of_a_childs_calls_shows_nothing_and_a_decision_on_it_is_refused(client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    child = gated(f"payee{suffix}", [RunCode("await pay(x=7)"), "child done"])
+    parent = gated(f"payer{suffix}", [RunCode(f"await ask_payee{suffix}(prompt='pay 7')"), "parent done"],
+                   child=child)
+    other = gated(f"other{suffix}", [RunCode("await pay(x=999)"), "other done"])
+    tq = new_task_queue()
+    ana = KEYS["ana"]
+    async with running_worker(client, [parent, child, other], task_queue=tq, approver_keys=KEYRING):
+        victim = await start_run(client, other, "go", task_queue=tq)
+        handle = await start_run(client, parent, "go", task_queue=tq)
+        await wait_for_approvals(client, victim.id)
+        (real,) = await wait_for_approvals(client, handle.id)
+        child_id = child_run_id(handle.id, "call_0.0")
+        assert (real.run_id, real.call_id, real.args) == (child_id, "call_0.0", {"x": 7})
+        # Anyone can signal the parent: a list naming the other run's call with made-up arguments, then one saying
+        # the real child waits on nothing, then one giving the real child's call other arguments.
+        now = datetime.now(UTC)
+        fake = PendingApproval(call_id="call_0.0", tool="pay", args={"x": 1}, code="", line=1, requested_at=now)
+        for news in (ChildApprovals(run_id=victim.id, pending=[replace(fake, run_id=victim.id)]),
+                     ChildApprovals(run_id=child_id, pending=[]),
+                     ChildApprovals(run_id=child_id, pending=[replace(fake, run_id=child_id)])):
+            await handle.signal(CHILD_APPROVALS_SIGNAL, news)
+        await handle.query(CodeModeRunWorkflow.pending_approvals)  # the signals are in
+        # The parent's list is read from its children themselves: the real call, its real arguments, nothing else.
+        assert await pending_approvals(client, handle.id) == [real]
+        # A decision signed on what a forged list showed (the other run's call, x=1) is refused by the run that
+        # holds the real call (x=999), which never runs.
+        seen = replace(fake, run_id=victim.id)
+        with pytest.raises(WorkflowUpdateFailedError) as refused:
+            await decide(client, victim.id, "call_0.0", approved=True, signer=ana, seen=seen)
+        assert "for other arguments than the call holds" in str(refused.value.cause)
+        # Signed on what the real list shows, each goes on.
+        await decide(client, real.run_id or "", real.call_id, approved=True, signer=ana, seen=real)
+        (victims,) = await pending_approvals(client, victim.id)
+        await decide(client, victim.id, victims.call_id, approved=False, signer=ana, seen=victims)
+        assert (await handle.result()).output == "parent done"
+        assert (await victim.result()).output == "other done"
+    assert (f"payee{suffix}", 7) in PAID and (f"other{suffix}", 999) not in PAID
+    for run in (handle, victim, client.get_workflow_handle(child_id)):
+        await replay(run)
+
+
+async def test_approving_all_of_a_parent_decides_its_own_calls_and_names_its_childrens(client: Client,
+                                                                                         tmp_path: Any) -> None:
+    suffix = os.urandom(3).hex()
+    child = gated(f"kid{suffix}", [RunCode("await pay(x=5)"), "kid done"])
+    both = f"import asyncio\nawait asyncio.gather(ask_kid{suffix}(prompt='pay 5'), pay(x=50))"
+    parent = gated(f"mom{suffix}", [RunCode(both), "mom done"], child=child)
+    key = tmp_path / "ana.json"
+    KEYS["ana"].save(key)
+    tq = new_task_queue()
+    async with running_worker(client, [parent, child], task_queue=tq, approver_keys=KEYRING):
+        handle = await start_run(client, parent, "go", task_queue=tq)
+        waiting = await wait_for_approvals(client, handle.id, count=2)
+        child_id = child_run_id(handle.id, "call_0.0")
+        assert {(p.run_id, p.call_id) for p in waiting} == {(None, "call_0.1"), (child_id, "call_0.0")}
+        rc, out, err = await codemode("approve", handle.id, "--all", "--key", str(key), address=address(client))
+        assert rc == 0, (out, err)
+        lines = out.splitlines()
+        assert any(line.startswith("approved call_0.1 pay(\"x\": 50) by ana") for line in lines), out
+        assert (f"not decided here: call_0.0 pay(\"x\": 5) waits in child run {child_id}: codemode approve {child_id} "
+                "call_0.0 (or --all there)") in lines, out
+        (left,) = await pending_approvals(client, handle.id)
+        assert (left.run_id, left.call_id) == (child_id, "call_0.0")  # the child's call still waits
+        rc, out, err = await codemode("approve", child_id, "--all", "--key", str(key), address=address(client))
+        assert rc == 0 and "approved call_0.0 pay(\"x\": 5) by ana" in out, (out, err)
+        assert (await handle.result()).output == "mom done"
+    for run in (handle, client.get_workflow_handle(child_id)):
+        await replay(run)

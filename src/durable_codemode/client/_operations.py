@@ -32,6 +32,7 @@ from .._approvals import (
     ApprovalDecision,
     ApprovalRecord,
     BatchDecision,
+    DecidedCalls,
     PendingApproval,
     RejectedDecision,
 )
@@ -45,11 +46,13 @@ from .._errors import (
     WorkerUnavailableError,
 )
 from .._models import unknown_model
+from .._names import call_fingerprint
 from .._signing import signing_payload
 from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._children import MAX_CHILD_DEPTH, children_of
 from ._failures import agent_run_error
 from ._moving import run_motion
 from ._signer import ApprovalSigner
@@ -435,15 +438,48 @@ def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, 
 async def pending_approvals(
     client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT
 ) -> list[PendingApproval]:
-    """The calls of run `run_id` waiting for a decision (a query: answers in milliseconds, records nothing).
+    """The calls of run `run_id` waiting for a decision, then those its child runs wait on, each with its `run_id`.
+
+    Queries: they answer in milliseconds and record nothing. A child's calls are read from the child itself, and
+    only from the children the run lists as its own and the server confirms are (`_children`), never from what
+    anyone signalled: a list someone forged cannot put another run's call in front of a person.
 
     Raises:
         RunNotFoundError: no run with that id.
         WorkerUnavailableError: no worker answered within `timeout` (a query needs one, even for a closed run).
 
     """
+    return await _waiting_in(client, run_id, timeout, depth=0)
+
+
+async def _waiting_in(client: Client, run_id: str, timeout: timedelta, *, depth: int) -> list[PendingApproval]:
     call = _handle(client, run_id).query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout)
-    return await _on_run(client, run_id, call, timeout)
+    # A worker of 0.2.0 also listed its children's calls, as their signals said: those are not taken from it.
+    own = [p for p in await _on_run(client, run_id, call, timeout) if p.run_id is None]
+    return own + await children_waiting(client, run_id, timeout=timeout, depth=depth)
+
+
+async def children_waiting(client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
+                           depth: int = 0) -> list[PendingApproval]:
+    """The calls run `run_id`'s child runs wait on, each read from the child and given its `run_id` (`_children`).
+
+    Raises:
+        RunNotFoundError / WorkerUnavailableError: as `pending_approvals`, for the run or one of its children.
+
+    """
+    if depth >= MAX_CHILD_DEPTH:
+        return []
+    children = await _on_run(client, run_id, children_of(client, run_id, timeout=timeout), timeout)
+
+    async def of_child(child: str) -> list[PendingApproval]:
+        try:
+            calls = await _waiting_in(client, child, timeout, depth=depth + 1)
+        except (RunNotFoundError, RunClosedError):  # it ended meanwhile: nothing waits there
+            return []
+        return [p if p.run_id else replace(p, run_id=child) for p in calls]
+
+    listed = await asyncio.gather(*(of_child(c.run_id) for c in children))
+    return [p for calls in listed for p in calls]
 
 
 async def wait_for_approvals(
@@ -502,8 +538,12 @@ DEFAULT_SIGNATURE_LIFETIME = timedelta(minutes=5)
 
 
 def _signed(client: Client, run_id: str, decision: ApprovalDecision, signer: ApprovalSigner | None,
-            valid_for: timedelta) -> ApprovalDecision:
-    """`decision` signed by `signer` (its approver, key id, expiry and signature set), or as it is without one."""
+            valid_for: timedelta, seen: PendingApproval | None) -> ApprovalDecision:
+    """`decision` signed by `signer` (its approver, key id, expiry and signature set), or as it is without one.
+
+    The signature covers the fingerprint of `seen`, the call as the approver saw it listed (its tool and
+    arguments): the run refuses it if the call it holds is another (`None`: no such call is listed).
+    """
     if signer is None:
         return decision
     if decision.approver not in (None, signer.approver):
@@ -512,14 +552,15 @@ def _signed(client: Client, run_id: str, decision: ApprovalDecision, signer: App
     expires_at = datetime.now(UTC) + valid_for
     payload = signing_payload(namespace=client.namespace, run_id=run_id, call_id=decision.call_id,
                               approved=decision.approved, note=decision.note, approver=signer.approver,
-                              expires_at=expires_at)
+                              expires_at=expires_at,
+                              call_fingerprint=call_fingerprint(seen.tool, seen.args) if seen else "")
     return replace(decision, approver=signer.approver, key_id=signer.key_id, signature=signer.sign(payload),
                    expires_at=expires_at)
 
 
 async def decide(
     client: Client, run_id: str, call_id: str, *, approved: bool, note: str | None = None,
-    approver: str | None = None, signer: ApprovalSigner | None = None,
+    approver: str | None = None, signer: ApprovalSigner | None = None, seen: PendingApproval | None = None,
     valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
@@ -529,21 +570,36 @@ async def decide(
     it is that approver's about that call, so nobody else can take it. The record returned is checked to be this
     decision (call, approver, verdict, note): a different decision sent under an id that already holds one (the
     approver changed their mind after deciding) raises `DecisionConflictError` instead of returning the first.
-    With `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`.
+    With `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`,
+    over the call as the approver saw it: `seen`, the `PendingApproval` they read (`pending_approvals`); without
+    it, the call as run `run_id` lists it now. A run refuses a signature made for other arguments than its call's.
 
     Raises:
         temporalio.client.WorkflowUpdateFailedError: the run refused the decision, with a message saying why
             (unknown, decided or expired call; an approver the tool's policy does not name; a missing, forged or
-            expired signature; a malformed or over-long field, by name); the run is unaffected, and sending it
-            again would fail the same way.
+            expired signature, or one made on other arguments; a malformed or over-long field, by name); the run
+            is unaffected, and sending it again would fail the same way.
         DecisionConflictError: the run holds another decision under this update id; this one was not recorded.
+        CodeModeUserError: `seen` is another call, or one listed as waiting in another run (its `run_id`).
         RunNotFoundError: no run with that id.
         RunClosedError: the run has ended (the message says how); nothing was recorded.
         WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
 
     """
+    if seen is not None and (seen.call_id != call_id or seen.run_id not in (None, run_id)):
+        where = f"run {seen.run_id!r}" if seen.run_id not in (None, run_id) else f"call {seen.call_id!r}"
+        raise CodeModeUserError(f"seen= is {where}'s listed call, not call {call_id!r} of run {run_id!r}: pass the "
+                                "PendingApproval of the call decided, and decide it on the run it waits in "
+                                "(decide(client, p.run_id or run_id, p.call_id, seen=p))")
+    if signer is not None and seen is None:
+        try:
+            listed = await _on_run(client, run_id, _handle(client, run_id).query(
+                CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout), timeout)
+        except (RPCError, CodeModeUserError):  # no worker, or closed: the update says what holds (a recorded
+            listed = []                        # decision comes back by its update id, from a closed run too)
+        seen = next((p for p in listed if p.call_id == call_id and p.run_id is None), None)
     decision = _signed(client, run_id, ApprovalDecision(call_id=call_id, approved=approved, note=note,
-                                                        approver=approver), signer, valid_for)
+                                                        approver=approver), signer, valid_for, seen)
     update_id = decision_update_id(call_id, decision.approver)
     call = _handle(client, run_id).execute_update(DECIDE_UPDATE, decision, id=update_id, rpc_timeout=timeout)
     return _own_record(run_id, update_id, decision, await _on_run(client, run_id, call, timeout))
@@ -590,17 +646,25 @@ async def decide_all(
     client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None,
     signer: ApprovalSigner | None = None, valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME,
     timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
-) -> list[ApprovalRecord]:
+) -> DecidedCalls:
     """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does).
 
-    With `signer`, each waiting call's decision is signed (the calls are listed first, by a query). The update id is
-    random (an id of the form `<call id> by <approver>` is reserved for one decision).
+    The calls are listed first (`pending_approvals`); with `signer`, each of the run's own is signed over what the
+    listing shows. The calls its child runs wait on cannot be decided on this run: they come back unanswered in
+    the result's `elsewhere`, each with the `run_id` to decide it on (`codemode approve --all` names the command).
+    The update id is random (an id of the form `<call id> by <approver>` is reserved for one decision); no update
+    is sent when only child runs' calls wait.
     """
+    listed = await pending_approvals(client, run_id, timeout=timeout)
+    own = [p for p in listed if p.run_id is None]
+    elsewhere = [p for p in listed if p.run_id is not None]
+    if not own and elsewhere:
+        return DecidedCalls([], elsewhere)
     batch = BatchDecision(approved=approved, note=note, approver=approver)
     if signer is not None:
         signed = [_signed(client, run_id, ApprovalDecision(call_id=p.call_id, approved=approved, note=note,
-                                                           approver=approver), signer, valid_for)
-                  for p in await pending_approvals(client, run_id, timeout=timeout)]
+                                                           approver=approver), signer, valid_for, p)
+                  for p in own]
         batch = BatchDecision(approved=approved, note=note, approver=signer.approver, key_id=signer.key_id,
                               signatures={d.call_id: d.signature or "" for d in signed},
                               expires_at=signed[0].expires_at if signed else None)
@@ -615,7 +679,7 @@ async def decide_all(
     for record in records:
         _own_record(run_id, update_id, ApprovalDecision(call_id=record.call_id, approved=approved, note=note,
                                                         approver=batch.approver), record)
-    return records
+    return DecidedCalls(records, elsewhere)
 
 
 async def rejected_decisions(

@@ -2,8 +2,9 @@
 
 The child is an ordinary run of the sub-agent (same workflow, its own history); the parent waits for it at the
 call, adds its usage to its own, and answers the call with its output (or its failure, as an exception the program
-may catch). While the child waits for a person, it tells its parent (`CHILD_APPROVALS_SIGNAL`), so the parent's
-`pending_approvals` lists those calls too, each with the child's `run_id` to decide them on.
+may catch). The parent lists the children it has in flight (`running`, the `CHILD_RUNS_QUERY`): a client reads the
+calls each child waits on for a person from the child itself. A child still tells its parent of those calls
+(`CHILD_APPROVALS_SIGNAL`), as recorded runs did, but anyone can send that signal, so nothing lists calls from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from .._approvals import ChildApprovals, PendingApproval
+from .._approvals import ChildApprovals, ChildRun, PendingApproval
 from .._names import (
     AGENT_MEMO,
     AGENT_SEARCH_ATTRIBUTE,
@@ -50,13 +51,16 @@ class ChildRuns:
     """A run's child runs: starting them, the calls they wait on for a person, and telling its own parent."""
 
     def __init__(self) -> None:
+        self.running: dict[str, ChildRun] = {}
+        """The child runs this run started and waits on, by workflow id: written only by this run's own code."""
         self.pending: dict[str, list[PendingApproval]] = {}
-        """The calls each child run waits on for a person, by the child's workflow id (as it last said)."""
+        """The calls each child run waits on for a person, by the child's workflow id, as signals said (anyone may
+        send one: kept only so a recorded run passes on what it passed on, `tell_parent`)."""
         self._told: list[PendingApproval] | None = None
         self._sends: list[asyncio.Future[None]] = []
 
     def waiting(self) -> list[PendingApproval]:
-        """The children's calls waiting for a person, each with the `run_id` it waits in."""
+        """The children's calls waiting for a person, as their signals said (untrusted: see `pending`)."""
         return [p for calls in self.pending.values() for p in calls]
 
     def heard(self, news: ChildApprovals) -> None:
@@ -95,6 +99,7 @@ class ChildRuns:
             return None, {"exc_type": "TypeError", "message": f"{spec.name}() takes one argument, prompt: str"}
         info = workflow.info()
         child_id = child_run_id(info.workflow_id, call_id)
+        self.running[child_id] = ChildRun(run_id=child_id, call_id=call_id, agent=spec.child_run)
         try:
             result: RunResult[Any] = await workflow.execute_child_workflow(
                 WORKFLOW_TYPE, RunInput(agent=spec.child_run, prompt=prompt, started_by=started_by),
@@ -109,4 +114,5 @@ class ChildRuns:
             return None, {"exc_type": kind, "message": f"the {spec.child_run} run {child_id!r} failed: {message}"}
         finally:
             self.pending.pop(child_id, None)
+            self.running.pop(child_id, None)
         return result, None
