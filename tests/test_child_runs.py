@@ -9,15 +9,17 @@ the call, its usage counts in the parent's, its calls waiting for a person are l
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from pydantic_ai import Agent
-from pydantic_ai.exceptions import ModelHTTPError
+from pydantic_ai import Agent, RunContext
+from pydantic_ai.exceptions import ModelHTTPError, UsageLimitExceeded
+from pydantic_ai.usage import UsageLimits
 from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowUpdateFailedError
 
@@ -25,10 +27,12 @@ from durable_codemode import (
     CodeModeAgent,
     CodeModeRunWorkflow,
     ToolOptions,
+    add_child_run_tool,
     child_run_tool,
     decide,
     pending_approvals,
     rejected_decisions,
+    run_agent,
     start_run,
     wait_for_approvals,
 )
@@ -268,3 +272,107 @@ async def test_approving_all_of_a_parent_decides_its_own_calls_and_names_its_chi
         assert (await handle.result()).output == "mom done"
     for run in (handle, client.get_workflow_handle(child_id)):
         await replay(run)
+
+
+# -- child runs as users write sub-agents: deps from the parent's, bound by the parent's limits (issue 42, item 6) ----
+
+
+@dataclass
+class Tenant:
+    tenant: str
+
+
+@dataclass
+class Books:
+    """The child's deps: what its run records, and a ledger the worker holds (built by its deps_factory)."""
+
+    tenant: str
+    ledger: dict[str, int]
+
+
+LEDGER = {"acme": 120, "globex": 7}
+
+
+async def test_a_child_run_gets_deps_derived_from_its_parents_and_the_tool_can_be_added_later(
+        client: Client) -> None:
+    suffix = os.urandom(3).hex()
+    # The parent is declared first, as pydantic-ai's delegation examples declare it; its sub-agent after.
+    parent_agent = Agent(scripted_model(RunCode(f"await ask_books{suffix}(prompt='balance?')"),
+                                        lambda m: f"the books say {last_result(m)['result']}"),
+                         name=f"front{suffix}", deps_type=Tenant)
+    # Its model calls its tool directly (code mode off), so the same script serves it under agent.run() too.
+    child_agent = Agent(scripted_model(CallTool("balance"), lambda m: str(last_result(m))),
+                        name=f"books{suffix}", deps_type=Books)
+
+    @child_agent.tool
+    def balance(ctx: RunContext[Books]) -> int:
+        """The tenant's balance."""
+        return ctx.deps.ledger[ctx.deps.tenant]
+
+    child = CodeModeAgent(child_agent, code_mode=False,
+                          deps_factory=lambda run: Books(tenant=run["tenant"], ledger=LEDGER))
+    seen: list[str | None] = []
+
+    def derive(ctx: RunContext[Tenant]) -> dict[str, str]:
+        seen.append(ctx.tool_call_id)
+        return {"tenant": ctx.deps.tenant}
+
+    parent = CodeModeAgent(parent_agent)
+    add_child_run_tool(parent, child, deps=derive)
+    tq = new_task_queue()
+    async with running_worker(client, [parent, child], task_queue=tq):
+        handle = await start_run(client, parent, "go", task_queue=tq, deps=Tenant("acme"))
+        result = await handle.result()
+    assert result.output == "the books say 120"
+    assert seen == ["call_0.0"]  # derived once, in the call's own context
+    child_handle = client.get_workflow_handle(child_run_id(handle.id, "call_0.0"))
+    started = (await child_handle.fetch_history()).events[0].workflow_execution_started_event_attributes
+    assert json.loads(started.input.payloads[0].data)["deps"] == {"tenant": "acme"}  # what the child records
+    await replay(handle)
+    await replay(child_handle)
+    # The same tool under agent.run(): pydantic-ai's delegation, with the deps derived the same way.
+    plain_parent = Agent(scripted_model(CallTool(f"ask_books{suffix}", {"prompt": "balance?"}),
+                                        lambda m: f"the books say {last_result(m)}"), name="plain", deps_type=Tenant)
+    add_child_run_tool(plain_parent, child, deps=derive)
+    assert (await plain_parent.run("go", deps=Tenant("globex"))).output == "the books say 7"
+
+
+def _counted(counter: list[str], who: str, step: Any) -> Any:
+    def respond(messages: Any) -> Any:
+        counter.append(who)
+        return step(messages) if callable(step) else step
+
+    return respond
+
+
+@pytest.mark.parametrize(("request_limit", "completes"), [(6, False), (20, True)])
+async def test_child_runs_started_together_share_what_the_parents_usage_limits_leave(
+        client: Client, request_limit: int, completes: bool) -> None:
+    suffix = os.urandom(3).hex()
+    made: list[str] = []
+    child = CodeModeAgent(Agent(scripted_model(_counted(made, "child", RunCode("1 + 1")),
+                                               _counted(made, "child", "two")), name=f"leaf{suffix}"))
+    gather = (f"import asyncio\nasync def one(i):\n    try:\n        return await ask_leaf{suffix}(prompt=str(i))\n"
+              "    except Exception as e:\n        return str(e)\nawait asyncio.gather(*(one(i) for i in range(5)))")
+    parent = CodeModeAgent(Agent(scripted_model(_counted(made, "parent", RunCode(gather)),
+                                                _counted(made, "parent", lambda m: json.dumps(last_result(m)))),
+                                 name=f"root{suffix}", tools=[child_run_tool(child)]))
+    tq = new_task_queue()
+    run_id = f"root{suffix}-run"
+    async with running_worker(client, [parent, child], task_queue=tq):
+        if completes:
+            result = await run_agent(client, parent, "go", task_queue=tq, run_id=run_id,
+                                     usage_limits=UsageLimits(request_limit=request_limit))
+            assert json.loads(result.output)["result"] == ["two"] * 5
+            assert result.usage.requests == len(made) == 1 + 5 * 2 + 1
+        else:
+            with pytest.raises(UsageLimitExceeded) as stopped:
+                await run_agent(client, parent, "go", task_queue=tq, run_id=run_id,
+                                usage_limits=UsageLimits(request_limit=request_limit))
+            # Each child got one request of the five the parent's first left, and stopped at its second; the
+            # parent counted them, and stopped before its own next one. Nothing went past the limit.
+            assert made.count("child") == 5 and len(made) == request_limit
+            assert "request_limit of 6" in str(stopped.value)
+    await replay(client.get_workflow_handle(run_id))
+    for i in range(5):
+        await replay(client.get_workflow_handle(child_run_id(run_id, f"call_0.{i}")))

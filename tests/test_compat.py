@@ -105,6 +105,10 @@ def test_the_child_run_names_are_pinned() -> None:
     assert _names.CHILD_RUN_METADATA == "codemode_child_run"
     # The query a client reads a run's children from (clients and workers of a release must agree on it).
     assert _names.CHILD_RUNS_QUERY == "durable-codemode.child_runs"
+    # A child_run_tool(deps=...): the activity deriving the child's deps, its id, and the tool metadata saying so.
+    assert _names.CHILD_DEPS_ACTIVITY == "durable-codemode.child_deps"
+    assert _names.child_deps_activity_id("call_0.2") == "call_0.2-child-deps"
+    assert _names.CHILD_DEPS_METADATA == "codemode_child_deps"
 
 
 def test_what_a_signed_decision_covers_is_pinned() -> None:

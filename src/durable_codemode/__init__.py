@@ -9,6 +9,7 @@ from ._approvals import (
     ApprovalRecord,
     ApproverPolicy,
     BatchDecision,
+    DecidedCalls,
     PendingApproval,
     RecordedApproverPolicy,
     RejectedDecision,
@@ -48,7 +49,7 @@ from .client._operations import (
 )
 from .client._signer import ApprovalSigner, generate_approver_key
 from .worker._agent import CodeModeAgent, ToolSelector
-from .worker._child_runs import child_run_tool
+from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call
 from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
 from .workflow._run import CodeModeRunWorkflow
@@ -72,6 +73,7 @@ __all__ = [
     "CodeModePlugin",
     "CodeModeRunWorkflow",
     "CodeModeUserError",
+    "DecidedCalls",
     "DecisionConflictError",
     "DepsFactoryError",
     "InvalidRunInputError",
@@ -96,6 +98,7 @@ __all__ = [
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
     "WorkerUnavailableError",
+    "add_child_run_tool",
     "child_run_tool",
     "connect",
     "create_worker",

@@ -16,6 +16,8 @@ __all__ = [
     "AGENT_SEARCH_ATTRIBUTE",
     "BATCH_ACTIVITY",
     "CHILD_APPROVALS_SIGNAL",
+    "CHILD_DEPS_ACTIVITY",
+    "CHILD_DEPS_METADATA",
     "CHILD_RUNS_QUERY",
     "CHILD_RUN_METADATA",
     "COMPUTE_ACTIVITY",
@@ -35,6 +37,7 @@ __all__ = [
     "call_digest",
     "call_fingerprint",
     "call_id_of_activity",
+    "child_deps_activity_id",
     "child_run_id",
     "compute_activity_id",
     "compute_marker",
@@ -60,6 +63,18 @@ wait on, from each child itself (a query, so never in a history; pinned as the c
 
 CHILD_RUN_METADATA = "codemode_child_run"
 """The tool metadata key naming the agent a `child_run_tool` runs as a child run; recorded as `ToolSpec.child_run`."""
+
+CHILD_DEPS_METADATA = "codemode_child_deps"
+"""The tool metadata key saying a `child_run_tool` derives its child's deps from the parent's run context (`deps=`);
+recorded as `ToolSpec.child_deps`."""
+
+CHILD_DEPS_ACTIVITY = "durable-codemode.child_deps"
+"""The activity that derives a child run's deps from its parent's run context, before the child starts."""
+
+
+def child_deps_activity_id(call_id: str) -> str:
+    """The activity id of the call `call_id`'s child deps (`CHILD_DEPS_ACTIVITY`): one per call, in its run."""
+    return f"{call_id}-child-deps"
 
 
 def child_run_id(parent_id: str, call_id: str) -> str:

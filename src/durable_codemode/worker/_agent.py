@@ -471,6 +471,10 @@ class CodeModeAgent:
             self._tools = await self._read_tools(self.run_context())
         return self._tools
 
+    def forget_tools(self) -> None:
+        """Read the agent's tools again next time (a tool was added to it: `add_child_run_tool`)."""
+        self._tools = None
+
     async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}
         # Each toolset on its own (a call goes to the one that has the tool), unless a capability wraps them all.

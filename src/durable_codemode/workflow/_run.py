@@ -216,7 +216,8 @@ class CodeModeRunWorkflow:
         try:
             check(self._usage_limits)
         except UsageLimitExceeded as e:
-            raise ApplicationError(str(e), type="UsageLimitExceeded", non_retryable=True) from e
+            # What the run used rides along: a parent counts what its child run used before stopping (`_child_runs`).
+            raise ApplicationError(str(e), self._usage, type="UsageLimitExceeded", non_retryable=True) from e
 
     # -- approvals ---------------------------------------------------------------------------------------------
 
@@ -733,6 +734,8 @@ class CodeModeRunWorkflow:
             self._approvals.pending[call_id] = pending
             self._show_details()
             wait = self._approvals.wait(pending, spec.approval_timeout)
+        elif spec.child_run is not None:  # with the child runs made beside it, it shares the usage limits' rest
+            self._children.expect(call_id)
         return self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
                                    args=args)
 
@@ -766,12 +769,13 @@ class CodeModeRunWorkflow:
         status: Any = "ok"
         settled: Settled
         if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
-            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by)
+            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by,
+                                                    agent=self._spec.agent, deps=self._deps,
+                                                    limits=self._usage_limits, usage=self._usage)
             if child is None:
                 assert error is not None
                 settled, status = _raised(error["exc_type"], error["message"]), "error"
             else:
-                self._usage.incr(child.usage)
                 settled = {"return_value": child.output}
             return settled, self._record(call_id, tool, args_text, settled, status, started)
         if spec.batch and spec.in_sandbox and approval is None:
