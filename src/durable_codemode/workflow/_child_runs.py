@@ -154,17 +154,24 @@ class ChildRuns:
         child's own failure (a usage limit, its model's final error, no worker serving its agent), its deps that
         could not be derived, or arguments that are not one `prompt` string.
         """
+        try:
+            return await self._run(spec, args, call_id, started_by=started_by, agent=agent, deps=deps, limits=limits,
+                                   usage=usage)
+        finally:
+            self._expected.discard(call_id)  # started, refused or cancelled: it no longer waits for a share
+
+    async def _run(self, spec: ToolSpec, args: dict[str, Any], call_id: str, *, started_by: str | None, agent: str,
+                   deps: Any, limits: UsageLimits | None,
+                   usage: RunUsage) -> tuple[RunResult[Any] | None, dict[str, str] | None]:
         assert spec.child_run is not None
         prompt = args.get("prompt")
         if not isinstance(prompt, str) or set(args) != {"prompt"}:
-            self._expected.discard(call_id)
             return None, {"exc_type": "TypeError", "message": f"{spec.name}() takes one argument, prompt: str"}
         info = workflow.info()
         child_id = child_run_id(info.workflow_id, call_id)
         try:
             child_deps = await self._deps(spec, call_id, agent=agent, deps=deps)
         except ActivityError as e:
-            self._expected.discard(call_id)
             kind, message = _failure(e)
             return None, {"exc_type": kind, "message": f"the deps of the {spec.child_run} run {child_id!r} could not "
                                                       f"be derived ({spec.name}'s deps=): {message}"}
