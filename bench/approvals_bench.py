@@ -59,6 +59,7 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._pool import POOL, shutdown_pool
+from durable_codemode.client._moving import run_motion
 from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
 from durable_codemode.worker._worker import workflow_runner
 
@@ -290,11 +291,18 @@ async def bounded(limit: int, items: Sequence[T], fn: Callable[[T], Awaitable[An
     return list(await asyncio.gather(*(one(i) for i in items)))
 
 
-async def wait_paused(poll: Callable[[], Awaitable[int]], *, timeout: float, interval: float) -> None:
-    """Until `poll()` (a pending-approvals query) reports a waiting call."""
+async def wait_paused(client: Client, run_id: str, poll: Callable[[], Awaitable[int]], *, timeout: float,
+                      interval: float) -> None:
+    """Until `poll()` (a pending-approvals query) reports a waiting call.
+
+    The run is queried only while the server says nothing is about to move it (`run_motion`): on the evicting
+    worker (`max_cached_workflows=0`) a query that lands as an activity completes can make Temporal's core drop the
+    run's next workflow task, which then stalls 10 s and fails the queries meanwhile (`durable_codemode.client.
+    _moving`; the smoke test failed about one run in ten on it).
+    """
     deadline = time.monotonic() + timeout
     while True:
-        if await poll() >= 1:
+        if not (await run_motion(client, run_id)).moving and await poll() >= 1:
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"no pending approval after {timeout:.0f} s")
@@ -329,7 +337,7 @@ class LatencyBench:
                 assert floor is not None
                 return len(await floor.query(ApprovalsFloorWorkflow.pending))
 
-        await wait_paused(poll, timeout=60, interval=0.02)
+        await wait_paused(client, run_id, poll, timeout=60, interval=0.02)
         paused = time.perf_counter() - started
         # Let the workflow task that answered the last query, and anything else in flight, finish.
         await asyncio.sleep(self.settle)
@@ -378,7 +386,7 @@ async def memory_phase(client: Client, args: argparse.Namespace, pool: PoolSetti
         async def poll() -> int:
             return len(await pending_approvals(client, handle.id))
 
-        await wait_paused(poll, timeout=args.timeout, interval=0.1)
+        await wait_paused(client, handle.id, poll, timeout=args.timeout, interval=0.1)
 
     async def approve(handle: WorkflowHandle[Any, Any]) -> None:
         await decide(client, handle.id, CALL_ID, approved=True)

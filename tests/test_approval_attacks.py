@@ -32,7 +32,7 @@ from durable_codemode._signing import signing_payload
 from durable_codemode.client._operations import _own_record
 from durable_codemode.testing import new_task_queue, replay
 
-from .test_approval_authorization import KEYS, TWO_REFUNDS, payments_agent, signed, worker
+from .test_approval_authorization import KEYS, TWO_REFUNDS, fingerprint, payments_agent, signed, worker
 from .test_approvals import wait_pending
 from .test_debugging import address, codemode
 
@@ -55,12 +55,14 @@ async def refused_under(handle: WorkflowHandle[Any, Any], update: str, payload: 
     return cause.message
 
 
-def signed_batch(client: Client, handle: WorkflowHandle[Any, Any], call_ids: list[str], who: str) -> dict[str, Any]:
+async def signed_batch(client: Client, handle: WorkflowHandle[Any, Any], call_ids: list[str],
+                       who: str) -> dict[str, Any]:
     """A `decide_all` input approving `call_ids`, validly signed by `who`."""
     expires = datetime.now(UTC) + timedelta(minutes=5)
     signer = KEYS[who]
     signatures = {c: signer.sign(signing_payload(namespace=client.namespace, run_id=handle.id, call_id=c,
-                                                 approved=True, note=None, approver=who, expires_at=expires))
+                                                 approved=True, note=None, approver=who, expires_at=expires,
+                                                 call_fingerprint=await fingerprint(handle, c)))
                   for c in call_ids}
     return {"approved": True, "approver": who, "key_id": signer.key_id, "signatures": signatures,
             "expires_at": expires.isoformat()}
@@ -79,11 +81,11 @@ async def test_an_update_id_belongs_to_its_approver_and_nobody_else_can_take_it(
         bobs_id = decision_update_id(second, "bob")
         assert bobs_id == f"{second} by bob"  # predictable, so it must be bound to bob
         # ana's own, validly signed approval, sent under the id bob's decision will use: refused.
-        squat = await refused_under(handle, "decide", signed(client, handle, second, KEYS["ana"]), bobs_id)
+        squat = await refused_under(handle, "decide", await signed(client, handle, second, KEYS["ana"]), bobs_id)
         assert f"the update id '{bobs_id}' is reserved for another decision" in squat
         assert f"goes under '{second} by ana'" in squat
         # Nor can a batch take a decision's id: neither '<call> by <approver>' nor a bare call id.
-        batch = signed_batch(client, handle, [first, second], "ana")
+        batch = await signed_batch(client, handle, [first, second], "ana")
         assert "reserved for one decision" in await refused_under(handle, "decide_all", batch, bobs_id)
         assert "reserved for one decision" in await refused_under(handle, "decide_all", batch, second)
         assert [p.call_id for p in await pending_approvals(client, handle.id)] == [first, second]
@@ -159,7 +161,7 @@ async def test_malformed_decision_fields_are_refused_by_name_and_never_reach_the
     async with worker(client, agent, tq):
         handle = await start_run(client, agent, "refund A", task_queue=tq)
         (pending,) = await wait_pending(handle)
-        good = signed(client, handle, pending.call_id, KEYS["ana"])
+        good = await signed(client, handle, pending.call_id, KEYS["ana"])
         valid = {**good.__dict__, "expires_at": datetime.isoformat(good.expires_at or datetime.now(UTC))}
         before = await history_size(handle)
         reasons = []
@@ -169,7 +171,7 @@ async def test_malformed_decision_fields_are_refused_by_name_and_never_reach_the
             reason = await refused_under(handle, "decide", payload, f"malformed-{n}")
             assert expected in reason, (what, reason)
             reasons.append(reason)
-        batch = signed_batch(client, handle, [pending.call_id], "ana")
+        batch = await signed_batch(client, handle, [pending.call_id], "ana")
         for change, expected in (({"approved": "yes"}, "approved must be true or false"),
                                  ({"note": "n" * 1_000_000}, "note is 1,000,000 characters long"),
                                  ({"expires_at": "2030-01-01T00:00:00"}, "expires_at has no time zone"),

@@ -33,7 +33,8 @@ from durable_codemode import (
     temporal_cli_path,
     wait_for_approvals,
 )
-from durable_codemode._signing import signing_payload
+from durable_codemode._names import call_fingerprint
+from durable_codemode._signing import legacy_signing_payload, signing_payload
 from durable_codemode.apps.activities.cart import CartStore
 from durable_codemode.apps.workflows import cart
 from durable_codemode.debugging import trace_run
@@ -89,15 +90,35 @@ async def refused(client: Client, handle: WorkflowHandle[Any, Any], decision: Ap
     return cause.message
 
 
-def signed(client: Client, handle: WorkflowHandle[Any, Any], call_id: str, signer: ApprovalSigner, *,
-           approver: str | None = None, approved: bool = True, note: str | None = None,
-           expires_at: datetime | None = None) -> ApprovalDecision:
+async def fingerprint(handle: WorkflowHandle[Any, Any], call_id: str) -> str:
+    """What a signature covers of call `call_id` as run `handle` lists it: its tool and arguments."""
+    listed = {p.call_id: p for p in await handle.query(CodeModeRunWorkflow.pending_approvals)}
+    call = listed.get(call_id)
+    return call_fingerprint(call.tool, call.args) if call is not None else ""
+
+
+async def signed(client: Client, handle: WorkflowHandle[Any, Any], call_id: str, signer: ApprovalSigner, *,
+                 approver: str | None = None, approved: bool = True, note: str | None = None,
+                 expires_at: datetime | None = None) -> ApprovalDecision:
     """A decision signed by `signer`'s key, claiming to be `approver`'s (default: the key's own)."""
     who = approver or signer.approver
     expiry = expires_at or datetime.now(UTC) + timedelta(minutes=5)
     payload = signing_payload(namespace=client.namespace, run_id=handle.id, call_id=call_id, approved=approved,
-                              note=note, approver=who, expires_at=expiry)
+                              note=note, approver=who, expires_at=expiry,
+                              call_fingerprint=await fingerprint(handle, call_id))
     return ApprovalDecision(call_id=call_id, approved=approved, note=note, approver=who, key_id=signer.key_id,
+                            signature=signer.sign(payload), expires_at=expiry)
+
+
+def signed_over(client: Client, handle: WorkflowHandle[Any, Any], call_id: str, signer: ApprovalSigner,
+                fingerprint: str | None) -> ApprovalDecision:
+    """`signer`'s approval of `call_id`, signed over `fingerprint` (`None`: as clients of 0.2.0 signed, over none)."""
+    expiry = datetime.now(UTC) + timedelta(minutes=5)
+    fields: dict[str, Any] = {"namespace": client.namespace, "run_id": handle.id, "call_id": call_id, "approved": True,
+                              "note": None, "approver": signer.approver, "expires_at": expiry}
+    payload = (legacy_signing_payload(**fields) if fingerprint is None else
+               signing_payload(**fields, call_fingerprint=fingerprint))
+    return ApprovalDecision(call_id=call_id, approver=signer.approver, key_id=signer.key_id,
                             signature=signer.sign(payload), expires_at=expiry)
 
 
@@ -109,17 +130,26 @@ async def test_every_refused_decision_leaves_the_run_waiting_and_its_history_unc
         handle = await start_run(client, agent, "refund A and B", task_queue=tq, started_by="carol")
         first, second = (p.call_id for p in await wait_pending(handle, 2))
         ana, mallory, carol = KEYS["ana"], KEYS["mallory"], KEYS["carol"]
+        by_ana = await signed(client, handle, first, ana)
         reasons = {
             "unsigned": await refused(client, handle, ApprovalDecision(call_id=first, approver="ana")),
-            "forged": await refused(client, handle, signed(client, handle, first, mallory, approver="ana")),
-            "tampered": await refused(client, handle, replace(signed(client, handle, first, ana), note="all fine")),
-            "expired": await refused(client, handle, signed(client, handle, first, ana,
+            "forged": await refused(client, handle, await signed(client, handle, first, mallory, approver="ana")),
+            "tampered": await refused(client, handle, replace(by_ana, note="all fine")),
+            "expired": await refused(client, handle, await signed(client, handle, first, ana,
                                                             expires_at=datetime.now(UTC) - timedelta(seconds=1))),
-            "other call": await refused(client, handle, replace(signed(client, handle, first, ana),
+            "other call": await refused(client, handle, replace(await signed(client, handle, first, ana),
                                                                 call_id=second)),
-            "not an approver": await refused(client, handle, signed(client, handle, first, mallory)),
-            "self-approval": await refused(client, handle, signed(client, handle, first, carol)),
+            "not an approver": await refused(client, handle, await signed(client, handle, first, mallory)),
+            "self-approval": await refused(client, handle, await signed(client, handle, first, carol)),
+            # Ana signed what a forged list showed her: the call's tool, other arguments. The run holds the real ones.
+            "other arguments": await refused(client, handle, signed_over(client, handle, first, ana, call_fingerprint(
+                "refund", {"order": "A", "cents": 1}))),
+            # A client of 0.2.0 signed no arguments at all: refused by name, saying what to do.
+            "old client": await refused(client, handle, signed_over(client, handle, first, ana, None)),
         }
+        assert "for other arguments than the call holds" in reasons["other arguments"]
+        assert "signed as clients of durable-codemode 0.2.0 and before signed" in reasons["old client"]
+        assert "sign it again with this release's client" in reasons["old client"]
         assert "not signed" in reasons["unsigned"]
         assert "is 'mallory''s, but the decision says it is 'ana''s" in reasons["forged"]
         assert "does not match" in reasons["tampered"] and "does not match" in reasons["other call"]
@@ -154,7 +184,7 @@ async def test_a_two_person_rule_needs_two_distinct_signed_approvals(client: Cli
         assert not first.settled and refunds == []  # counted, not enough: the call still waits
         live = (await trace_run(client, handle.id)).audit  # the audit of the open run, from its history
         assert live == [first]
-        again = await refused(client, handle, signed(client, handle, pending.call_id, KEYS["ana"], note="again"))
+        again = await refused(client, handle, await signed(client, handle, pending.call_id, KEYS["ana"], note="again"))
         assert "'ana' has already decided call" in again and "2 distinct approvals from group:finance" in again
         # The second approval comes from the command line, signed with bob's key file.
         rc, out, err = await codemode("approve", handle.id, pending.call_id, "--key", str(bob_key), "--note", "ok",
@@ -233,7 +263,7 @@ async def test_signals_cannot_carry_a_signed_decision(client: Client) -> None:
         handle = await start_run(client, agent, "refund A", task_queue=tq)
         (pending,) = await wait_pending(handle)
         # A signal's check would run again on replay, where the keys may be gone: signed runs ignore them.
-        await handle.signal(CodeModeRunWorkflow.approve, signed(client, handle, pending.call_id, KEYS["ana"]))
+        await handle.signal(CodeModeRunWorkflow.approve, await signed(client, handle, pending.call_id, KEYS["ana"]))
         assert [p.call_id for p in await pending_approvals(client, handle.id)] == [pending.call_id]
         await decide(client, handle.id, pending.call_id, approved=True, signer=KEYS["ana"])
         await handle.result()

@@ -103,6 +103,33 @@ def test_the_child_run_names_are_pinned() -> None:
     assert _names.child_run_id("search-1", "call_0.2") == "search-1/call_0.2"
     assert _names.CHILD_APPROVALS_SIGNAL == "durable-codemode.child_approvals"
     assert _names.CHILD_RUN_METADATA == "codemode_child_run"
+    # The query a client reads a run's children from (clients and workers of a release must agree on it).
+    assert _names.CHILD_RUNS_QUERY == "durable-codemode.child_runs"
+    # A child_run_tool(deps=...): the activity deriving the child's deps, its id, and the tool metadata saying so.
+    assert _names.CHILD_DEPS_ACTIVITY == "durable-codemode.child_deps"
+    assert _names.child_deps_activity_id("call_0.2") == "call_0.2-child-deps"
+    assert _names.CHILD_DEPS_METADATA == "codemode_child_deps"
+
+
+def test_what_a_signed_decision_covers_is_pinned() -> None:
+    # Approvers' clients and the workers must sign and verify the same bytes: a changed byte refuses every
+    # decision signed by the other side's release.
+    from datetime import UTC, datetime
+
+    from durable_codemode._signing import legacy_signing_payload, signing_payload
+
+    fields: dict[str, Any] = {"namespace": "default", "run_id": "shop-1", "call_id": "call_0.1", "approved": True,
+                              "note": "ok", "approver": "ana", "expires_at": datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)}
+    fingerprint = _names.call_fingerprint("refund", {"order": "A", "cents": 500})
+    assert fingerprint == _names.call_fingerprint("refund", {"cents": 500, "order": "A"})
+    assert fingerprint.startswith(_names.call_digest("refund", {"order": "A", "cents": 500})) and len(fingerprint) == 64
+    assert signing_payload(**fields, call_fingerprint=fingerprint) == (
+        b'{"approved":true,"approver":"ana","call":"' + fingerprint.encode() + b'","call_id":"call_0.1",'
+        b'"expires_at":"2030-01-02T03:04:05+00:00","namespace":"default","note":"ok","run_id":"shop-1"}')
+    # What clients of 0.2.0 and before signed: workers recognise it, to refuse it by name.
+    assert legacy_signing_payload(**fields) == (
+        b'{"approved":true,"approver":"ana","call_id":"call_0.1","expires_at":"2030-01-02T03:04:05+00:00",'
+        b'"namespace":"default","note":"ok","run_id":"shop-1"}')
 
 
 def test_the_event_stream_names_are_pinned() -> None:

@@ -12,6 +12,8 @@ import os
 import sqlite3
 import sys
 import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +21,18 @@ import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelRequest
 from pydantic_ai.tools import ToolDefinition
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowFailureError
 
-from durable_codemode import CodeModeAgent, CodeModeUserError, InvalidRunInputError, SnippetLimits, start_run
+from durable_codemode import (
+    CodeModeAgent,
+    CodeModeUserError,
+    InvalidRunInputError,
+    SnippetLimits,
+    ToolOptions,
+    start_run,
+)
 from durable_codemode.testing import (
     CallTool,
     RunCode,
@@ -303,3 +314,160 @@ async def test_a_failing_deps_factory_fails_the_run_naming_the_agent(client: Cli
     assert "the deps_factory of agent 'deps-broken' failed" in str(failed.value.cause.cause)
     assert "KeyError" in str(failed.value.cause.cause)
     await replay(handle)
+
+
+# -- a deps_factory's faults: its type checked, its errors classified, built once per activity, off the loop ------
+
+
+def _factory_calls() -> tuple[list[tuple[str, str, int]], Any]:
+    """A list that records (activity type, activity id, attempt) of every call of the factory made with it."""
+    calls: list[tuple[str, str, int]] = []
+
+    def note() -> None:
+        info = activity.info()
+        calls.append((info.activity_type, info.activity_id, info.attempt))
+
+    return calls, note
+
+
+async def test_a_deps_factory_of_the_wrong_type_fails_the_run_at_once_naming_it_and_both_types(client: Client) -> None:
+    calls, note = _factory_calls()
+
+    def build_a_dict(run: Any) -> Any:
+        note()
+        return {"customer_id": run["customer_id"]}  # not a Bank: its instructions would read ctx.deps.db
+
+    agent = bank_agent("deps-wrong-type", RunCode("await balance()"), _answer)
+    bank = CodeModeAgent(agent, deps_factory=build_a_dict)
+    tq = new_task_queue()
+    async with running_worker(client, [bank], task_queue=tq):
+        handle = await start_run(client, "deps-wrong-type", "go", task_queue=tq, deps={"customer_id": 7})
+        with pytest.raises(WorkflowFailureError) as failed:
+            await handle.result()
+    message = str(failed.value.cause.cause)
+    assert "the deps_factory of agent 'deps-wrong-type'" in message, message
+    assert "test_deps.test_a_deps_factory_of_the_wrong_type_fails_the_run_at_once_naming_it_and_both_types." \
+           "<locals>.build_a_dict" in message
+    assert "returned a dict, not a Bank (the agent's deps_type)" in message, message
+    assert failed.value.cause.cause.type == "DepsFactoryError"
+    assert len(calls) == 1, calls  # final: the run's start is not tried again
+    await replay(handle)
+
+
+async def test_a_deps_factorys_transient_error_is_retried_like_the_activitys_own(client: Client) -> None:
+    calls, note = _factory_calls()
+    db = _bank_db()
+    failed_in: set[str] = set()
+
+    def build(run: Any) -> Bank:
+        note()
+        kind = activity.info().activity_type
+        if kind not in failed_in and kind != "durable-codemode.describe_agent":  # once in each other activity
+            failed_in.add(kind)
+            raise ConnectionError(f"the pool is reconnecting ({kind})")
+        return Bank(customer_id=run["customer_id"], db=db)
+
+    agent = bank_agent("deps-flaky", RunCode("await balance()"), _answer)
+    bank = CodeModeAgent(agent, deps_factory=build)
+    tq = new_task_queue()
+    async with running_worker(client, [bank], task_queue=tq):
+        handle = await start_run(client, "deps-flaky", "go", task_queue=tq, deps={"customer_id": 123})
+        result = await handle.result()
+    # The model request and the tool call each failed once, and each went on at its next attempt.
+    assert json.loads(result.output)["result"]["result"] == "$123.45"
+    assert failed_in == {"durable-codemode.model_request", "deps-flaky.balance"}
+    retried = {(kind, attempt) for kind, _, attempt in calls if attempt > 1}
+    assert retried == {("durable-codemode.model_request", 2), ("deps-flaky.balance", 2)}, calls
+    await replay(handle)
+
+
+async def test_a_deps_factorys_final_error_in_a_tool_call_names_the_factory(client: Client) -> None:
+    db = _bank_db()  # opened by the worker (a plain factory runs in a thread: sqlite3 keeps a connection to one)
+
+    def build(run: Any) -> Bank:
+        if activity.info().activity_type == "deps-final.balance":
+            raise LookupError("no such customer in this region")
+        return Bank(customer_id=run["customer_id"], db=db)
+
+    code = "try:\n    r = await balance()\nexcept Exception as e:\n    r = str(e)\nr"
+    agent = bank_agent("deps-final", RunCode(code), _answer)
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent, deps_factory=build)], task_queue=tq):
+        handle = await start_run(client, "deps-final", "go", task_queue=tq, deps={"customer_id": 123})
+        result = await handle.result()
+    seen = json.loads(result.output)["result"]["result"]
+    assert "DepsFactoryError: the deps_factory of agent 'deps-final' failed" in seen, seen
+    assert "LookupError: no such customer in this region" in seen and "test_deps." in seen, seen
+    history = await handle.fetch_history()
+    tries = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+             and e.activity_task_started_event_attributes.attempt > 1]
+    assert not tries  # final: not retried
+    await replay(handle)
+
+
+async def test_deps_are_built_once_per_activity_a_batch_included(client: Client) -> None:
+    calls, note = _factory_calls()
+    db = _bank_db()
+
+    def build(run: Any) -> Bank:
+        note()
+        return Bank(customer_id=run["customer_id"], db=db)
+
+    agent = bank_agent("deps-once", RunCode("import asyncio\nawait asyncio.gather(*(read(i=i) for i in range(5)))"),
+                       _answer)
+
+    @agent.tool
+    async def read(ctx: RunContext[Bank], i: int) -> str:
+        """Item `i` of the customer."""
+        return f"{ctx.deps.customer_id}/{i}"
+
+    bank = CodeModeAgent(agent, deps_factory=build, tool_options={"read": ToolOptions(batch=True)})
+    tq = new_task_queue()
+    async with running_worker(client, [bank], task_queue=tq):
+        handle = await start_run(client, "deps-once", "go", task_queue=tq, deps={"customer_id": 7})
+        result = await handle.result()
+    assert json.loads(result.output)["result"]["result"] == [f"7/{i}" for i in range(5)]
+    per_activity = Counter((kind, activity_id, attempt) for kind, activity_id, attempt in calls)
+    assert set(per_activity.values()) == {1}, per_activity
+    # The run's start, each model request (pydantic-ai's step hands the deps on), one batch of five calls.
+    assert Counter(kind for kind, _, _ in calls) == {"durable-codemode.describe_agent": 1,
+                                                      "durable-codemode.model_request": 2,
+                                                      "durable-codemode.tool_batch": 1}
+    await replay(handle)
+
+
+async def test_a_slow_plain_deps_factory_holds_up_no_other_run_and_an_async_one_is_awaited(client: Client) -> None:
+    db = _bank_db()
+
+    def slow(run: Any) -> Bank:
+        time.sleep(0.5)  # a blocking client library opening a session, say
+        return Bank(customer_id=run["customer_id"], db=db)
+
+    async def awaited(run: Any) -> Bank:
+        await asyncio.sleep(0)
+        return Bank(customer_id=run["customer_id"], db=db)
+
+    slow_bank = CodeModeAgent(bank_agent("deps-slow", RunCode("await balance()"), _answer), deps_factory=slow)
+    async_bank = CodeModeAgent(bank_agent("deps-async", RunCode("await balance()"), _answer), deps_factory=awaited)
+    lags: list[float] = []
+
+    async def watch_the_loop() -> None:  # this process's event loop runs the worker: how long is it held up?
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            lags.append(time.monotonic() - before - 0.01)
+
+    tq = new_task_queue()
+    async with running_worker(client, [slow_bank, async_bank], task_queue=tq):
+        watcher = asyncio.create_task(watch_the_loop())
+        try:
+            slow_run = await start_run(client, "deps-slow", "go", task_queue=tq, deps={"customer_id": 123})
+            async_run = await start_run(client, "deps-async", "go", task_queue=tq, deps={"customer_id": 7})
+            results = [await slow_run.result(), await async_run.result()]
+        finally:
+            watcher.cancel()
+    assert [json.loads(r.output)["result"]["result"] for r in results] == ["$123.45", "$9.50"]
+    # Four calls of 0.5 s each ran in a thread; the loop never stopped for one of them.
+    assert max(lags) < 0.4, f"the worker's event loop was held up for {max(lags):.2f} s"
+    await replay(slow_run)
+    await replay(async_run)

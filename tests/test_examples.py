@@ -27,9 +27,9 @@ from pydantic_ai.exceptions import UnexpectedModelBehavior
 from pydantic_ai.messages import ModelMessage, ModelRequest, ToolReturnPart
 from pydantic_ai.usage import RunUsage
 from pydantic_core import to_jsonable_python
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client
 
-from durable_codemode import RunResult
+from durable_codemode import RunFailedError, RunResult
 from durable_codemode import run_agent as durable_run_agent
 from durable_codemode.testing import CallTool, FinalOutput, RunCode, last_result, replay, scripted_model, user_prompt
 
@@ -174,14 +174,15 @@ async def test_sql_gen(client: Client, examples: dict[str, ModuleType], monkeypa
                                                          explanation="error records")
     _same_usage("sql_gen", runs.usage, plain.usage)
 
-    # A query SQLite cannot explain: the validator's ModelRetry, past the agent's output retries (1) as in agent.run().
+    # A query SQLite cannot explain: the validator's ModelRetry, past the agent's output retries (1) as in agent.run(),
+    # which run_agent raises as agent.run() does (pydantic-ai's UnexpectedModelBehavior, with the run's id).
     monkeypatch.setattr("sys.argv", ["sql_gen", "logs from nowhere"])
-    with pytest.raises(WorkflowFailureError) as failed:
+    with pytest.raises(UnexpectedModelBehavior, match=r"Exceeded maximum output retries \(1\)") as failed:
         await sql.main(client)
     async with sql.database_connect(":memory:") as conn:
         with pytest.raises(UnexpectedModelBehavior, match=r"Exceeded maximum output retries \(1\)"):
             await sql.agent.run("logs from nowhere", deps=sql.Deps(conn))
-    assert "Exceeded maximum output retries (1)" in str(failed.value.cause)
+    assert isinstance(failed.value, RunFailedError) and failed.value.run_id
 
 
 # -- weather_agent: the worker's HTTP client, answered from local data --------------------------------------------

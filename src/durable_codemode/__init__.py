@@ -9,6 +9,7 @@ from ._approvals import (
     ApprovalRecord,
     ApproverPolicy,
     BatchDecision,
+    DecidedCalls,
     PendingApproval,
     RecordedApproverPolicy,
     RejectedDecision,
@@ -20,6 +21,7 @@ from ._errors import (
     CodeModeError,
     CodeModeUserError,
     DecisionConflictError,
+    DepsFactoryError,
     InvalidRunInputError,
     RunClosedError,
     RunFailedError,
@@ -49,7 +51,7 @@ from .client._operations import (
 from .client._signer import ApprovalSigner, generate_approver_key
 from .client._stream import RunEventItem, stream_events
 from .worker._agent import CodeModeAgent, ToolSelector
-from .worker._child_runs import child_run_tool
+from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call
 from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
 from .workflow._run import CodeModeRunWorkflow
@@ -73,7 +75,9 @@ __all__ = [
     "CodeModePlugin",
     "CodeModeRunWorkflow",
     "CodeModeUserError",
+    "DecidedCalls",
     "DecisionConflictError",
+    "DepsFactoryError",
     "EventStreamSettings",
     "InvalidRunInputError",
     "LocalPayloadStore",
@@ -98,6 +102,7 @@ __all__ = [
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
     "WorkerUnavailableError",
+    "add_child_run_tool",
     "child_run_tool",
     "connect",
     "create_worker",

@@ -35,6 +35,8 @@ __all__ = [
     "ApproverPolicy",
     "BatchDecision",
     "ChildApprovals",
+    "ChildRun",
+    "DecidedCalls",
     "PendingApproval",
     "RecordedApproverPolicy",
     "RejectedDecision",
@@ -131,15 +133,44 @@ class PendingApproval:
     """When it is denied automatically; `None`: it waits for as long as it takes."""
     run_id: str | None = None
     """The child run the call waits in (a sub-agent this run delegated to, `child_run_tool`): decide it there,
-    `decide(client, run_id, call_id)`. `None`: the call is this run's own."""
+    `decide(client, run_id, call_id)`. `None`: the call is this run's own. Set by the client
+    (`durable_codemode.pending_approvals`), which reads each child's calls from the child itself."""
 
 
 @dataclass(kw_only=True)
 class ChildApprovals:
-    """A child run's calls waiting for a person, as it tells its parent (`CHILD_APPROVALS_SIGNAL`)."""
+    """A child run's calls waiting for a person, as it tells its parent (`CHILD_APPROVALS_SIGNAL`).
+
+    Anyone can send a signal, so nothing lists calls from it (`_names.CHILD_APPROVALS_SIGNAL`).
+    """
 
     run_id: str
     pending: list[PendingApproval]
+
+
+@dataclass(kw_only=True)
+class ChildRun:
+    """A child run a run started and waits on (the `CHILD_RUNS_QUERY` answer): a source only the run writes."""
+
+    run_id: str
+    """The child's workflow id (`<parent id>/<call id>`)."""
+    call_id: str
+    """The parent's call that started it."""
+    agent: str
+    """The sub-agent it runs."""
+
+
+class DecidedCalls(list["ApprovalRecord"]):
+    """What `decide_all` recorded (a list of audit records) and the calls it left to the runs they wait in.
+
+    `elsewhere`: calls waiting in the run's child runs (`PendingApproval.run_id`), which a decision sent to the
+    run cannot decide: each is decided on its own run (`decide(client, p.run_id, p.call_id)`, `codemode approve
+    RUN_ID CALL_ID`).
+    """
+
+    def __init__(self, records: Sequence[ApprovalRecord] = (), elsewhere: Sequence[PendingApproval] = ()) -> None:
+        super().__init__(records)
+        self.elsewhere: list[PendingApproval] = list(elsewhere)
 
 
 @dataclass(kw_only=True)

@@ -3,6 +3,7 @@
 ```
 CodeModeError
 ├── CodeModeUserError        the library was used wrongly (bad configuration, unknown agent); fix the code
+│   └── DepsFactoryError     an agent's deps_factory failed for good, or built another type than its deps_type
 ├── AgentNotFoundError       a run names an agent this worker does not serve
 ├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
 ├── GuardrailError           a capability's before_run hook stopped a run at its start (the hook's error is the cause)
@@ -25,6 +26,7 @@ __all__ = [
     "CodeModeError",
     "CodeModeUserError",
     "DecisionConflictError",
+    "DepsFactoryError",
     "GuardrailError",
     "InvalidRunInputError",
     "RunClosedError",
@@ -42,6 +44,14 @@ class CodeModeError(Exception):
 
 class CodeModeUserError(CodeModeError):
     """durable-codemode was configured or called wrongly; the message says what to change."""
+
+
+class DepsFactoryError(CodeModeUserError):
+    """An agent's `deps_factory` raised a final error, or returned another type than the agent's `deps_type`.
+
+    The message names the agent, the factory and (for a wrong type) both types. Not retried: the same deps would
+    fail the same way. A factory's transient error (`ConnectionError`, `TransientToolError`) is retried instead.
+    """
 
 
 class AgentNotFoundError(CodeModeUserError):
@@ -65,14 +75,21 @@ class GuardrailError(CodeModeError):
 
 
 class RunFailedError(CodeModeError):
-    """A durable run's failure as its `on_run_error` hooks get it, when pydantic-ai has no exception type for it.
+    """A durable run's failure, rebuilt from what the run recorded: its type's name and its message.
 
-    E.g. a model request's final error, a limit of the sandbox, a tool's retries run out.
+    - Its `on_run_error` hooks get it when pydantic-ai has no exception type for the failure (a model request's
+      final error, a limit of the sandbox, a tool's retries run out); a usage limit, the output retries and a
+      `UserError` reach them as pydantic-ai's own `UsageLimitExceeded`, `UnexpectedModelBehavior` and `UserError`.
+    - `run_agent` and `run_result` raise a failure pydantic-ai has a type for (`UsageLimitExceeded`,
+      `UnexpectedModelBehavior`, `ModelHTTPError`, `UserError`, ...) as an exception of both that type and this
+      one, with `run_id` set, so `except UsageLimitExceeded` written for `agent.run()` catches it.
 
-    A usage limit, the output retries and a `UserError` reach the hooks as pydantic-ai's own `UsageLimitExceeded`,
-    `UnexpectedModelBehavior` and `UserError`. The failure was recorded in workflow code, perhaps on another worker,
-    so what is rebuilt is its type's name (`error_type`, e.g. `ModelHTTPError`) and its message.
+    The failure was recorded in workflow code, perhaps on another worker, so what is rebuilt is its type's name
+    (`error_type`, e.g. `ModelHTTPError`) and its message.
     """
+
+    run_id: str | None = None
+    """The durable run that failed (its workflow id); `None` for the hooks' copy, raised inside that run."""
 
     def __init__(self, error_type: str, message: str) -> None:
         super().__init__(f"{error_type}: {message}")

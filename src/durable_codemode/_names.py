@@ -16,6 +16,9 @@ __all__ = [
     "AGENT_SEARCH_ATTRIBUTE",
     "BATCH_ACTIVITY",
     "CHILD_APPROVALS_SIGNAL",
+    "CHILD_DEPS_ACTIVITY",
+    "CHILD_DEPS_METADATA",
+    "CHILD_RUNS_QUERY",
     "CHILD_RUN_METADATA",
     "COMPUTE_ACTIVITY",
     "DESCRIBE_AGENT_ACTIVITY",
@@ -33,7 +36,9 @@ __all__ = [
     "WORKFLOW_TYPE",
     "batch_activity_id",
     "call_digest",
+    "call_fingerprint",
     "call_id_of_activity",
+    "child_deps_activity_id",
     "child_run_id",
     "compute_activity_id",
     "compute_marker",
@@ -49,7 +54,13 @@ WORKFLOW_TYPE = "durable-codemode.run"
 
 CHILD_APPROVALS_SIGNAL = "durable-codemode.child_approvals"
 """What a child run (a sub-agent a tool runs durably, `child_run_tool`) sends its parent whenever the calls it waits
-on for a person change, so the parent's `pending_approvals` lists them (`ChildApprovals`)."""
+on for a person change (`ChildApprovals`). Anyone who can reach the server can send a signal, so no one lists calls
+from it any more: a client reads a child's calls from the child itself (`CHILD_RUNS_QUERY`). Still sent and heard,
+as recorded runs did, so their histories replay."""
+
+CHILD_RUNS_QUERY = "durable-codemode.child_runs"
+"""The query a run answers with its child runs in flight (`ChildRun`): where a client reads the calls its children
+wait on, from each child itself (a query, so never in a history; pinned as the client and worker must agree)."""
 
 STREAM_INFO_QUERY = "durable-codemode.stream_info"
 """Whether a run streams its events, and the offsets its stream keeps (`StreamInfo`); the events themselves are
@@ -57,6 +68,18 @@ read with Workflow Streams' own poll query (`client/_stream`)."""
 
 CHILD_RUN_METADATA = "codemode_child_run"
 """The tool metadata key naming the agent a `child_run_tool` runs as a child run; recorded as `ToolSpec.child_run`."""
+
+CHILD_DEPS_METADATA = "codemode_child_deps"
+"""The tool metadata key saying a `child_run_tool` derives its child's deps from the parent's run context (`deps=`);
+recorded as `ToolSpec.child_deps`."""
+
+CHILD_DEPS_ACTIVITY = "durable-codemode.child_deps"
+"""The activity that derives a child run's deps from its parent's run context, before the child starts."""
+
+
+def child_deps_activity_id(call_id: str) -> str:
+    """The activity id of the call `call_id`'s child deps (`CHILD_DEPS_ACTIVITY`): one per call, in its run."""
+    return f"{call_id}-child-deps"
 
 
 def child_run_id(parent_id: str, call_id: str) -> str:
@@ -169,6 +192,11 @@ def _canonical(value: Any) -> Any:
     return value
 
 
+def _call_text(tool: str, arguments: dict[str, Any]) -> bytes:
+    """(tool, arguments) as canonical JSON: keys sorted, sets in order, the same on every worker."""
+    return json.dumps([tool, _canonical(arguments)], sort_keys=True, default=repr, separators=(",", ":")).encode()
+
+
 def call_digest(tool: str, arguments: dict[str, Any]) -> str:
     """A short hash of (tool, arguments).
 
@@ -176,8 +204,16 @@ def call_digest(tool: str, arguments: dict[str, Any]) -> str:
     would silently reuse the recorded result. With this digest in the activity id, it is a loud
     nondeterminism error instead.
     """
-    text = json.dumps([tool, _canonical(arguments)], sort_keys=True, default=repr, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
+    return hashlib.sha256(_call_text(tool, arguments)).hexdigest()[:10]
+
+
+def call_fingerprint(tool: str, arguments: dict[str, Any]) -> str:
+    """The whole SHA-256 of (tool, arguments), in hex: what a signed decision covers of the call it decides.
+
+    `call_digest` is its first 10 characters, enough to tell calls apart but not to stop someone from making up
+    other arguments with the same digest; a signature covers all 64.
+    """
+    return hashlib.sha256(_call_text(tool, arguments)).hexdigest()
 
 
 def tool_activity_id(call_id: str, tool: str, arguments: dict[str, Any]) -> str:

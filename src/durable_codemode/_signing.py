@@ -2,10 +2,12 @@
 
 An approver holds a private key (`client/_signer.ApprovalSigner`, a JSON key file made by `codemode keygen`);
 workers hold the public keys (`ApproverKeyring`). A decision is signed over everything that makes it this
-decision: the namespace, the run (workflow id), the call, approve or deny, the note, the approver and an expiry.
-So a signature cannot be replayed for another call, another run or after it expires, and a decision signed by
-one person cannot claim to be another's. Shared by clients (the payload they sign) and workflow code (verify, in
-the update validator, which a replay never runs again: a replayed run never needs the keys).
+decision: the namespace, the run (workflow id), the call and a fingerprint of its tool and arguments as the
+approver saw them, approve or deny, the note, the approver and an expiry. So a signature cannot be replayed for
+another call, another run or after it expires, a decision signed by one person cannot claim to be another's, and
+a decision made on arguments someone made up is refused by the run that holds the real ones. Shared by clients
+(the payload they sign) and workflow code (verify, in the update validator, which a replay never runs again: a
+replayed run never needs the keys).
 """
 
 from __future__ import annotations
@@ -25,12 +27,25 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from ._decisions import approver_name_problem
 from ._errors import CodeModeUserError
 
-__all__ = ["ApproverKey", "ApproverKeyring", "b64", "signing_payload", "unb64"]
+__all__ = ["ApproverKey", "ApproverKeyring", "b64", "legacy_signing_payload", "signing_payload", "unb64"]
 
 
 def signing_payload(*, namespace: str, run_id: str, call_id: str, approved: bool, note: str | None,
-                    approver: str, expires_at: datetime) -> bytes:
-    """The bytes a decision's signature covers: canonical JSON, the same on every client and worker."""
+                    approver: str, expires_at: datetime, call_fingerprint: str) -> bytes:
+    """The bytes a decision's signature covers: canonical JSON, the same on every client and worker.
+
+    `call_fingerprint`: `_names.call_fingerprint(tool, arguments)` of the call as the approver saw it listed, so a
+    decision made on other arguments than the call holds (a list someone forged) is refused by the run.
+    """
+    return json.dumps({
+        "namespace": namespace, "run_id": run_id, "call_id": call_id, "approved": approved, "note": note,
+        "approver": approver, "expires_at": expires_at.isoformat(), "call": call_fingerprint,
+    }, sort_keys=True, separators=(",", ":")).encode()
+
+
+def legacy_signing_payload(*, namespace: str, run_id: str, call_id: str, approved: bool, note: str | None,
+                           approver: str, expires_at: datetime) -> bytes:
+    """What clients of 0.2.0 and before signed: no fingerprint of the call. Workers refuse such signatures by name."""
     return json.dumps({
         "namespace": namespace, "run_id": run_id, "call_id": call_id, "approved": approved, "note": note,
         "approver": approver, "expires_at": expires_at.isoformat(),
@@ -152,5 +167,6 @@ class ApproverKeyring:
             key.public_key.verify(base64.b64decode(signature), payload)
         except (InvalidSignature, ValueError):
             return (f"the signature does not match the decision under key {key_id!r} (forged, or signed for another "
-                    "call, run or note)")
+                    "call, run or note, or for other arguments than the call holds: list the calls again and decide "
+                    "on what they hold)")
         return None

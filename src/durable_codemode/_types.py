@@ -42,6 +42,8 @@ __all__ = [
     "BatchedCall",
     "CallRecord",
     "CatalogEntry",
+    "ChildDeps",
+    "ChildDepsInput",
     "ComputeRequest",
     "ComputeResult",
     "Continuation",
@@ -156,6 +158,9 @@ class ToolSpec:
     """The agent a call of this tool runs as a child run (`child_run_tool`): a workflow of its own, started by the
     run, whose output is the call's result and whose usage counts in the run's. `None`: an activity, as every tool
     of runs recorded before the field."""
+    child_deps: bool = False
+    """A `child_run_tool(deps=...)`: each call first derives the child's deps from the run's context, in an activity
+    (`CHILD_DEPS_ACTIVITY`), and the child records them. `False`: the child gets none (every run recorded before)."""
 
 
 @dataclass(kw_only=True)
@@ -650,6 +655,27 @@ class OutputVerdict:
     (`'Final result processed.'`); `None` for a text answer, and in verdicts recorded before the field."""
     output_tool: str | None = None
     """With `output`: the output tool whose call gave it (`RunResult.output_tool_name`)."""
+
+
+@dataclass(kw_only=True)
+class ChildDepsInput:
+    """The input of the child-deps activity: the parent's call and deps, from which its child's deps are derived."""
+
+    agent: str
+    """The parent's agent, whose tool `tool` derives the deps."""
+    tool: str
+    call_id: str
+    deps: Any = None
+    """The parent run's deps (`RunInput.deps`), built as its agent's `deps_type` for the `RunContext`."""
+
+
+@dataclass(kw_only=True)
+class ChildDeps:
+    """A child run's deps as it records them (`RunInput.deps`, `deps_type`), derived from its parent's context."""
+
+    deps: Any = None
+    deps_type: str | None = None
+    """`module.QualName` of the value's class when it is not plain JSON (as `start_run` records deps)."""
 
 
 @pydantic_dataclass(kw_only=True)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 from pydantic import TypeAdapter
@@ -49,6 +50,8 @@ async def approvals_command(args: argparse.Namespace) -> int:
         since = p.requested_at.strftime("%Y-%m-%d %H:%M:%S")
         say(f"{printable(p.call_id):<14} {printable(p.tool):<18} {since:<20} {p.line:>4}  "
              f"{printable(preview(p.args, 60))}")
+        if p.run_id:
+            say(f"{'':<14} {'':<18} waits in child run {printable(p.run_id)}: decide it there")
         if p.code:
             lines = code_lines(p.code)
             line = lines[p.line - 1].strip() if 0 < p.line <= len(lines) else ""
@@ -60,10 +63,12 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
     client = await connect()
     signer = ApprovalSigner.load(args.key) if args.key or os.environ.get(KEY_ENV) else None
     approver = args.approver or (signer.approver if signer else os.environ.get("USER"))
+    elsewhere: list[PendingApproval] = []
     try:
         if args.all:
-            records = await decide_all(client, args.run_id, approved=approved, note=args.note, approver=approver,
+            decided = await decide_all(client, args.run_id, approved=approved, note=args.note, approver=approver,
                                        signer=signer)
+            records, elsewhere = list(decided), decided.elsewhere
         elif args.call_id:
             records = [await decide(client, args.run_id, args.call_id, approved=approved, note=args.note,
                                     approver=approver, signer=signer)]
@@ -83,6 +88,12 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
         counted = "" if record.settled else " (counted; the call needs more approvals)"
         say(f"{verb} {printable(record.call_id)} {printable(record.tool)}("
              f"{printable(preview(record.args, 60)[1:-1])}){by}{counted}")
+    command = "approve" if approved else "deny"
+    for p in elsewhere:  # a child run's calls: decided on the child, not through its parent
+        child = p.run_id or ""
+        say(f"not decided here: {printable(p.call_id)} {printable(p.tool)}({printable(preview(p.args, 60)[1:-1])}) "
+            f"waits in child run {printable(child)}: codemode {command} {shlex.quote(printable(child))} "
+            f"{shlex.quote(printable(p.call_id))} (or --all there)")
     return EXIT_OK
 
 

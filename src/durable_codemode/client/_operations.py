@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateRPCTimeoutOrCancelledError,
 )
@@ -32,6 +33,7 @@ from .._approvals import (
     ApprovalDecision,
     ApprovalRecord,
     BatchDecision,
+    DecidedCalls,
     PendingApproval,
     RejectedDecision,
 )
@@ -45,11 +47,15 @@ from .._errors import (
     WorkerUnavailableError,
 )
 from .._models import unknown_model
+from .._names import call_fingerprint
 from .._signing import signing_payload
 from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._children import MAX_CHILD_DEPTH, children_of
+from ._failures import agent_run_error
+from ._moving import run_motion
 from ._signer import ApprovalSigner
 from ._visibility import lacks_search_attributes, start_options
 
@@ -381,6 +387,14 @@ async def run_agent(
     with its parts and deltas, once per response with its tool calls and what they did, a program's code-mode
     events among them (`durable_codemode.events`). Its `RunContext` carries `deps` and `prompt` as given here and the
     run's id; it runs while the run runs on its worker, so what it raises stops the waiting here, not the run.
+
+    Raises:
+        pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: what
+            `agent.run()` raises for the same failure, with the same message; each is also a `RunFailedError`
+            whose `run_id` names the failed run (`codemode trace RUN_ID`), as `run_result` raises them.
+        temporalio.client.WorkflowFailureError: a failure pydantic-ai has no exception for.
+        InvalidRunInputError: as `start_run`; nothing started.
+
     """
     if event_stream_handler is not None and stream is False:
         raise InvalidRunInputError("event_stream_handler needs the run's events: drop stream=False")
@@ -404,8 +418,23 @@ async def run_agent(
 
 
 async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) -> RunResult[Any]:
-    """The result of a run (waiting for it to end), its output rebuilt as `output_type` if given (`typed_result`)."""
-    result: RunResult[Any] = await handle.result()
+    """The result of a run (waiting for it to end), its output rebuilt as `output_type` if given (`typed_result`).
+
+    Raises:
+        pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: the run
+            failed as `agent.run()` would have, with pydantic-ai's exception; it is also a `RunFailedError` whose
+            `run_id` names the run (`_failures.agent_run_error`).
+        temporalio.client.WorkflowFailureError: the run failed in a way pydantic-ai has no exception for (a
+            sandbox limit, a refused input, ...), was cancelled or terminated.
+
+    """
+    try:
+        result: RunResult[Any] = await handle.result()
+    except WorkflowFailureError as e:
+        raised = agent_run_error(e, handle.id)
+        if raised is None:
+            raise
+        raise raised from e
     return result if output_type is None else typed_result(result, output_type)
 
 
@@ -433,15 +462,48 @@ def _handle(client: Client, run_id: str) -> WorkflowHandle[CodeModeRunWorkflow, 
 async def pending_approvals(
     client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT
 ) -> list[PendingApproval]:
-    """The calls of run `run_id` waiting for a decision (a query: answers in milliseconds, records nothing).
+    """The calls of run `run_id` waiting for a decision, then those its child runs wait on, each with its `run_id`.
+
+    Queries: they answer in milliseconds and record nothing. A child's calls are read from the child itself, and
+    only from the children the run lists as its own and the server confirms are (`_children`), never from what
+    anyone signalled: a list someone forged cannot put another run's call in front of a person.
 
     Raises:
         RunNotFoundError: no run with that id.
         WorkerUnavailableError: no worker answered within `timeout` (a query needs one, even for a closed run).
 
     """
+    return await _waiting_in(client, run_id, timeout, depth=0)
+
+
+async def _waiting_in(client: Client, run_id: str, timeout: timedelta, *, depth: int) -> list[PendingApproval]:
     call = _handle(client, run_id).query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout)
-    return await _on_run(client, run_id, call, timeout)
+    # A worker of 0.2.0 also listed its children's calls, as their signals said: those are not taken from it.
+    own = [p for p in await _on_run(client, run_id, call, timeout) if p.run_id is None]
+    return own + await children_waiting(client, run_id, timeout=timeout, depth=depth)
+
+
+async def children_waiting(client: Client, run_id: str, *, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
+                           depth: int = 0) -> list[PendingApproval]:
+    """The calls run `run_id`'s child runs wait on, each read from the child and given its `run_id` (`_children`).
+
+    Raises:
+        RunNotFoundError / WorkerUnavailableError: as `pending_approvals`, for the run or one of its children.
+
+    """
+    if depth >= MAX_CHILD_DEPTH:
+        return []
+    children = await _on_run(client, run_id, children_of(client, run_id, timeout=timeout), timeout)
+
+    async def of_child(child: str) -> list[PendingApproval]:
+        try:
+            calls = await _waiting_in(client, child, timeout, depth=depth + 1)
+        except (RunNotFoundError, RunClosedError):  # it ended meanwhile: nothing waits there
+            return []
+        return [p if p.run_id else replace(p, run_id=child) for p in calls]
+
+    listed = await asyncio.gather(*(of_child(c.run_id) for c in children))
+    return [p for calls in listed for p in calls]
 
 
 async def wait_for_approvals(
@@ -449,22 +511,50 @@ async def wait_for_approvals(
 ) -> list[PendingApproval]:
     """Wait until run `run_id` has at least `count` calls waiting for a decision; returns them.
 
-    It asks the run (the `pending_approvals` query) ten times a second: a query records nothing in the history.
+    Ten times a second it asks the server whether the run is moving (a workflow task or an activity in flight,
+    `_moving.run_motion`), and asks the run itself (the `pending_approvals` query, which records nothing) when it is
+    not: a query that reaches a run on a worker without a workflow cache just as an activity completes can cost the
+    run a workflow task, and stall it for 10 s (`_moving`). A run whose own call waits while other calls run on (a
+    long tool beside it in a gather) is asked every 2 s. Waiters on one run in this process share each query: two
+    queries reaching such a worker together lose one of them the same way.
 
     Raises:
         TimeoutError: fewer calls than `count` waited within `timeout`.
         RunNotFoundError / WorkerUnavailableError: as `pending_approvals`.
 
     """
-    deadline = asyncio.get_running_loop().time() + timeout.total_seconds()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout.total_seconds()
+    asked_at = loop.time()
+    pending: list[PendingApproval] = []
     while True:
-        pending = await pending_approvals(client, run_id)
-        if len(pending) >= count:
-            return pending
-        if asyncio.get_running_loop().time() > deadline:
+        motion = await run_motion(client, run_id)
+        if not motion.moving or (motion.waiting and loop.time() - asked_at >= _ASK_A_MOVING_RUN_EVERY):
+            asked_at = loop.time()
+            pending = await _shared_ask(client, run_id)
+            if len(pending) >= count:
+                return pending
+        if loop.time() > deadline:
             raise TimeoutError(f"run {run_id!r} has {len(pending)} call(s) waiting for approval after {timeout}, "
                                f"not {count}")
         await asyncio.sleep(0.1)
+
+
+_ASK_A_MOVING_RUN_EVERY = 2.0
+"""Seconds between `wait_for_approvals`' queries of a run that waits for a person while other calls run on."""
+
+_ASKING: dict[tuple[int, int, str], asyncio.Future[list[PendingApproval]]] = {}
+"""The `pending_approvals` query in flight for each (event loop, client, run), which `wait_for_approvals` share."""
+
+
+async def _shared_ask(client: Client, run_id: str) -> list[PendingApproval]:
+    """`pending_approvals(client, run_id)`, sharing the query in flight for the same run, if there is one."""
+    key = (id(asyncio.get_running_loop()), id(client), run_id)
+    asking = _ASKING.get(key)
+    if asking is None:
+        asking = _ASKING[key] = asyncio.ensure_future(pending_approvals(client, run_id))
+        asking.add_done_callback(lambda _: _ASKING.pop(key, None))
+    return await asyncio.shield(asking)
 
 
 DEFAULT_SIGNATURE_LIFETIME = timedelta(minutes=5)
@@ -472,8 +562,12 @@ DEFAULT_SIGNATURE_LIFETIME = timedelta(minutes=5)
 
 
 def _signed(client: Client, run_id: str, decision: ApprovalDecision, signer: ApprovalSigner | None,
-            valid_for: timedelta) -> ApprovalDecision:
-    """`decision` signed by `signer` (its approver, key id, expiry and signature set), or as it is without one."""
+            valid_for: timedelta, seen: PendingApproval | None) -> ApprovalDecision:
+    """`decision` signed by `signer` (its approver, key id, expiry and signature set), or as it is without one.
+
+    The signature covers the fingerprint of `seen`, the call as the approver saw it listed (its tool and
+    arguments): the run refuses it if the call it holds is another (`None`: no such call is listed).
+    """
     if signer is None:
         return decision
     if decision.approver not in (None, signer.approver):
@@ -482,14 +576,15 @@ def _signed(client: Client, run_id: str, decision: ApprovalDecision, signer: App
     expires_at = datetime.now(UTC) + valid_for
     payload = signing_payload(namespace=client.namespace, run_id=run_id, call_id=decision.call_id,
                               approved=decision.approved, note=decision.note, approver=signer.approver,
-                              expires_at=expires_at)
+                              expires_at=expires_at,
+                              call_fingerprint=call_fingerprint(seen.tool, seen.args) if seen else "")
     return replace(decision, approver=signer.approver, key_id=signer.key_id, signature=signer.sign(payload),
                    expires_at=expires_at)
 
 
 async def decide(
     client: Client, run_id: str, call_id: str, *, approved: bool, note: str | None = None,
-    approver: str | None = None, signer: ApprovalSigner | None = None,
+    approver: str | None = None, signer: ApprovalSigner | None = None, seen: PendingApproval | None = None,
     valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME, timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
 ) -> ApprovalRecord:
     """Approve or deny one waiting call; returns its audit record once the run has recorded it.
@@ -499,21 +594,36 @@ async def decide(
     it is that approver's about that call, so nobody else can take it. The record returned is checked to be this
     decision (call, approver, verdict, note): a different decision sent under an id that already holds one (the
     approver changed their mind after deciding) raises `DecisionConflictError` instead of returning the first.
-    With `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`.
+    With `signer` (`ApprovalSigner.load(path)`), the decision is signed as its approver, valid for `valid_for`,
+    over the call as the approver saw it: `seen`, the `PendingApproval` they read (`pending_approvals`); without
+    it, the call as run `run_id` lists it now. A run refuses a signature made for other arguments than its call's.
 
     Raises:
         temporalio.client.WorkflowUpdateFailedError: the run refused the decision, with a message saying why
             (unknown, decided or expired call; an approver the tool's policy does not name; a missing, forged or
-            expired signature; a malformed or over-long field, by name); the run is unaffected, and sending it
-            again would fail the same way.
+            expired signature, or one made on other arguments; a malformed or over-long field, by name); the run
+            is unaffected, and sending it again would fail the same way.
         DecisionConflictError: the run holds another decision under this update id; this one was not recorded.
+        CodeModeUserError: `seen` is another call, or one listed as waiting in another run (its `run_id`).
         RunNotFoundError: no run with that id.
         RunClosedError: the run has ended (the message says how); nothing was recorded.
         WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
 
     """
+    if seen is not None and (seen.call_id != call_id or seen.run_id not in (None, run_id)):
+        where = f"run {seen.run_id!r}" if seen.run_id not in (None, run_id) else f"call {seen.call_id!r}"
+        raise CodeModeUserError(f"seen= is {where}'s listed call, not call {call_id!r} of run {run_id!r}: pass the "
+                                "PendingApproval of the call decided, and decide it on the run it waits in "
+                                "(decide(client, p.run_id or run_id, p.call_id, seen=p))")
+    if signer is not None and seen is None:
+        try:
+            listed = await _on_run(client, run_id, _handle(client, run_id).query(
+                CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout), timeout)
+        except (RPCError, CodeModeUserError):  # no worker, or closed: the update says what holds (a recorded
+            listed = []                        # decision comes back by its update id, from a closed run too)
+        seen = next((p for p in listed if p.call_id == call_id and p.run_id is None), None)
     decision = _signed(client, run_id, ApprovalDecision(call_id=call_id, approved=approved, note=note,
-                                                        approver=approver), signer, valid_for)
+                                                        approver=approver), signer, valid_for, seen)
     update_id = decision_update_id(call_id, decision.approver)
     call = _handle(client, run_id).execute_update(DECIDE_UPDATE, decision, id=update_id, rpc_timeout=timeout)
     return _own_record(run_id, update_id, decision, await _on_run(client, run_id, call, timeout))
@@ -560,17 +670,25 @@ async def decide_all(
     client: Client, run_id: str, *, approved: bool, note: str | None = None, approver: str | None = None,
     signer: ApprovalSigner | None = None, valid_for: timedelta = DEFAULT_SIGNATURE_LIFETIME,
     timeout: timedelta = DEFAULT_ANSWER_TIMEOUT,
-) -> list[ApprovalRecord]:
+) -> DecidedCalls:
     """Approve or deny every call of run `run_id` waiting for a decision (raises as `decide` does).
 
-    With `signer`, each waiting call's decision is signed (the calls are listed first, by a query). The update id is
-    random (an id of the form `<call id> by <approver>` is reserved for one decision).
+    The calls are listed first (`pending_approvals`); with `signer`, each of the run's own is signed over what the
+    listing shows. The calls its child runs wait on cannot be decided on this run: they come back unanswered in
+    the result's `elsewhere`, each with the `run_id` to decide it on (`codemode approve --all` names the command).
+    The update id is random (an id of the form `<call id> by <approver>` is reserved for one decision); no update
+    is sent when only child runs' calls wait.
     """
+    listed = await pending_approvals(client, run_id, timeout=timeout)
+    own = [p for p in listed if p.run_id is None]
+    elsewhere = [p for p in listed if p.run_id is not None]
+    if not own and elsewhere:
+        return DecidedCalls([], elsewhere)
     batch = BatchDecision(approved=approved, note=note, approver=approver)
     if signer is not None:
         signed = [_signed(client, run_id, ApprovalDecision(call_id=p.call_id, approved=approved, note=note,
-                                                           approver=approver), signer, valid_for)
-                  for p in await pending_approvals(client, run_id, timeout=timeout)]
+                                                           approver=approver), signer, valid_for, p)
+                  for p in own]
         batch = BatchDecision(approved=approved, note=note, approver=signer.approver, key_id=signer.key_id,
                               signatures={d.call_id: d.signature or "" for d in signed},
                               expires_at=signed[0].expires_at if signed else None)
@@ -585,7 +703,7 @@ async def decide_all(
     for record in records:
         _own_record(run_id, update_id, ApprovalDecision(call_id=record.call_id, approved=approved, note=note,
                                                         approver=batch.approver), record)
-    return records
+    return DecidedCalls(records, elsewhere)
 
 
 async def rejected_decisions(

@@ -42,6 +42,7 @@ from .._results import call_arguments, code_lines, preview, printable
 from .._types import RunResult
 from ..history._events import RecordedActivity, RecordedRun, RunReader
 from ..workflow._run import CodeModeRunWorkflow
+from ._operations import children_waiting
 
 __all__ = ["WatchOutcome", "WatchState", "watch_run"]
 
@@ -231,7 +232,9 @@ class _Follower:
 async def _pending(client: Client, workflow_id: str, run_id: str) -> list[PendingApproval] | None:
     handle = client.get_workflow_handle_for(CodeModeRunWorkflow.run, workflow_id, run_id=run_id)
     try:
-        return await handle.query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timedelta(seconds=2))
+        own = await handle.query(CodeModeRunWorkflow.pending_approvals, rpc_timeout=timedelta(seconds=2))
+        # Its child runs' calls, read from each child (a run lists only its own).
+        return own + await children_waiting(client, workflow_id, timeout=timedelta(seconds=2))
     except Exception:  # no worker yet, a closing run: not a reason to stop watching
         return None
 

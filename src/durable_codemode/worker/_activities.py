@@ -34,6 +34,7 @@ from .._files import CARRY_WITHOUT_STORE_BYTES
 from .._names import (
     AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
+    CHILD_DEPS_ACTIVITY,
     COMPUTE_ACTIVITY,
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
@@ -48,6 +49,8 @@ from .._types import (
     AgentSpec,
     BatchInput,
     BatchResult,
+    ChildDeps,
+    ChildDepsInput,
     ComputeRequest,
     ComputeResult,
     ModelRequestInput,
@@ -61,6 +64,7 @@ from .._types import (
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority
 from ._batch import run_batch
+from ._child_runs import child_deps
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
 from ._describe import describe_run
@@ -138,7 +142,7 @@ class CodeModeActivities:
         """Every activity to register on the worker."""
         return [self.describe_agent, self.model_request, self.check_output, self.after_run, self.on_run_error,
                 self.seal_repl,
-                self.compute, self.run_tool, self.run_batch]
+                self.compute, self.run_tool, self.run_batch, self.child_deps]
 
     @activity.defn(name=DESCRIBE_AGENT_ACTIVITY)
     async def describe_agent(self, name: str, deps: Any = None, deps_type: str | None = None,
@@ -254,6 +258,8 @@ class CodeModeActivities:
                                                       deps=input.deps))
         except TRANSIENT as e:
             raise ApplicationError(message_of(e), type=type(e).__name__) from e
+        except CodeModeUserError as e:  # its deps could not be built (`DepsFactoryError`)
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
         except Exception as e:
             raise ApplicationError(f"an after_run hook of agent {input.agent!r} failed the run: "
                                    f"{type(e).__name__}: {message_of(e)}", type=type(e).__name__,
@@ -279,10 +285,34 @@ class CodeModeActivities:
                 raise ApplicationError(message_of(e), type=type(e).__name__) from e
             if not isinstance(e, Exception):
                 raise
+            if isinstance(e, CodeModeUserError):  # its deps could not be built (`DepsFactoryError`)
+                raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from e
             raise ApplicationError(f"an on_run_error hook of agent {input.agent!r} failed the run with "
                                    f"{type(e).__name__}: {message_of(e)} (the run had failed with "
                                    f"{input.error_type}: {input.error_message})", type=type(e).__name__,
                                    non_retryable=True) from e
+
+    @activity.defn(name=CHILD_DEPS_ACTIVITY)
+    async def child_deps(self, input: ChildDepsInput) -> ChildDeps:
+        """Derive the deps of the child run a `child_run_tool(deps=...)` call starts, from the calling run's context.
+
+        The function's transient errors (`ConnectionError`, `TransientToolError`) are retried within the tool's
+        retry policy; any other is final, and the call fails in the program with its type and message.
+        """
+        agent = self.agent(input.agent)
+        ctx = ToolCallContext(workflow_id=activity.info().workflow_id or "", call_id=input.call_id, tool=input.tool,
+                              attempt=activity.info().attempt)
+
+        async def derive() -> ChildDeps:
+            deps = await agent.build_deps(input.deps)
+            return await child_deps(agent, input.tool, agent.run_context(
+                tool_name=input.tool, call_id=input.call_id, attempt=activity.info().attempt, deps=deps))
+
+        with bind_call(ctx):
+            try:
+                return await heartbeating(derive())
+            except Exception as e:
+                raise tool_failure(input.tool, e) from e
 
     @activity.defn(dynamic=True)
     async def run_tool(self, args: Sequence[RawValue]) -> Any:
@@ -300,11 +330,15 @@ class CodeModeActivities:
         ctx = ToolCallContext(workflow_id=info.workflow_id or "", call_id=call_id, tool=tool_name,
                               attempt=info.attempt)
         usage = RunUsage()  # the tool's `ctx.usage`: what a sub-agent run adds is counted in the run (`_tool_usage`)
+
+        async def call() -> Any:
+            deps = await agent.deps_for_calls(payload.deps)  # once per activity
+            return await call_tool(agent, tool_name, payload.args, call_id=call_id, attempt=info.attempt, deps=deps,
+                                   recorded_schema=payload.schema_digest, usage=usage)
+
         with bind_call(ctx):
             try:
-                result = await heartbeating(
-                    call_tool(agent, tool_name, payload.args, call_id=call_id, attempt=info.attempt,
-                                    deps=payload.deps, recorded_schema=payload.schema_digest, usage=usage))
+                result = await heartbeating(call())
             except Exception as e:
                 raise tool_failure(tool_name, e) from e
         self._check_result_size(agent, tool_name, result)

@@ -11,10 +11,12 @@ The activities that serve it each have a module of their own: `_describe` (a run
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypeVar, Union
 
 from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
@@ -28,7 +30,7 @@ from temporalio import activity
 
 from .._catalog import CATALOG_FUNCTIONS
 from .._config import CatalogSettings, SnippetLimits, ToolOptions
-from .._errors import CodeModeUserError
+from .._errors import CodeModeUserError, DepsFactoryError, TransientToolError
 from .._files import RunFiles
 from .._models import build_model
 from .._names import RUN_CODE_TOOL
@@ -37,6 +39,7 @@ from .._pydantic_ai import (
     output_types,
     resolves_per_run,
 )
+from .._results import clip
 from .._run_events import EventStreamSettings
 from ._capabilities import (
     CapabilityUse,
@@ -50,7 +53,7 @@ from ._capabilities import (
 )
 from ._mcp import as_received, mcp_toolsets
 
-__all__ = ["CodeModeAgent", "ToolSelector", "not_data_message"]
+__all__ = ["CallDeps", "CodeModeAgent", "ToolSelector", "not_data_message"]
 
 AgentDepsT = TypeVar("AgentDepsT")
 """The wrapped agent's `deps_type`: what a `deps_factory` must build."""
@@ -146,6 +149,47 @@ def _qualified_name(kind: Any) -> str | None:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
+TRANSIENT_DEPS_ERRORS: tuple[type[BaseException], ...] = (TransientToolError, ConnectionError)
+"""A `deps_factory`'s exceptions that are retried with the activity (the same ones a tool's are, `_failures`)."""
+
+
+def _callable_name(function: Any) -> str:
+    """`module.qualname` of a function (a lambda's is `module.<lambda>`), else its repr, for messages."""
+    qualname = getattr(function, "__qualname__", None)
+    if qualname is None:
+        return clip(repr(function), 80)
+    module = getattr(function, "__module__", None)
+    return f"{module}.{qualname}" if module else str(qualname)
+
+
+def _type_name(kind: Any) -> str:
+    return str(getattr(kind, "__qualname__", None) or kind)
+
+
+def _not_deps_type(value: Any, kind: Any) -> str | None:
+    """What `value` is when it is not a `kind` (an agent's `deps_type`), for the message; `None` when it is.
+
+    Checked where `isinstance` can tell: a class, the origin of a generic (`dict[str, int]`), a `TypedDict` (a
+    dict). Other annotations (a union, a protocol) are not checked.
+    """
+    if kind is type(None) or kind is Any:
+        return None
+    runtime = dict if typing.is_typeddict(kind) else typing.get_origin(kind) or kind
+    if not isinstance(runtime, type) or isinstance(value, runtime):
+        return None
+    return f"a {type(value).__qualname__}, not a {_type_name(kind)} (the agent's deps_type)"
+
+
+@dataclass(frozen=True)
+class CallDeps:
+    """A run's deps as its tool calls get them (`CodeModeAgent.deps_for_calls`)."""
+
+    value: Any
+    """`ctx.deps`."""
+    own: bool
+    """The run has deps of its own (given, or built by a factory): its tools are read with them (`prepare`)."""
+
+
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
 
@@ -211,9 +255,13 @@ class CodeModeAgent:
                 without `start_run(deps=...)`.
             deps_factory: Builds the agent's own `deps_type` on the worker, for deps that hold live resources (a
                 connection, a client): called with what the run recorded (`start_run(deps=...)`: ids and
-                settings; `None` when the run gave none) in every activity that needs `ctx.deps`, so it must be
-                cheap: hand out resources the worker holds (opened before `create_worker`), do not open new ones.
-                Only the recorded part is ever in the run's history. Exclusive with `deps`.
+                settings; `None` when the run gave none) once in each activity that may read `ctx.deps` (the
+                run's start, each model request, each tool call or batch, the output check), so it must be cheap:
+                hand out resources the worker holds (opened before `create_worker`), do not open new ones. An
+                `async def` factory is awaited, a plain one runs in a worker thread; it must return a `deps_type`
+                (checked); its transient errors (`ConnectionError`, `TransientToolError`) are retried with the
+                activity, others are final (`DepsFactoryError`). Only the recorded part is ever in the run's
+                history. Exclusive with `deps`.
             run_deps_type: What a run records for `deps_factory`: the factory gets it validated as this type (a
                 dataclass, `BaseModel`, `TypedDict`; `X | None` lets runs give none), and `start_run` given this
                 `CodeModeAgent` checks it before anything starts. `None` (the default): the factory gets the
@@ -307,27 +355,56 @@ class CodeModeAgent:
             return Any if self._run_deps_type is None else self._run_deps_type
         return self.deps_type
 
-    def run_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
+    async def build_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
         """A run's deps as its tools see them: `raw` (what the data converter decoded) rebuilt as `deps_type`.
 
-        `None` means the run gave none: the `CodeModeAgent(deps=...)` default. An agent without a `deps_type`
-        gets the value as decoded (plain JSON). With a `deps_factory`, the factory builds them from `raw`
-        (`recorded_deps`), here on the worker.
+        Called at most once per activity (the caller hands the result to everything the activity runs). `None`
+        means the run gave none: the `CodeModeAgent(deps=...)` default. An agent without a `deps_type` gets the
+        value as decoded (plain JSON). With a `deps_factory`, the factory builds them from `raw`
+        (`recorded_deps`), here on the worker: an `async def` factory is awaited; a plain one runs in a worker
+        thread, as pydantic-ai runs a plain tool, so a slow one holds up no other run on the worker. What it
+        returns must be an instance of the agent's `deps_type`.
 
         Raises:
             CodeModeUserError: the deps are of another type than the one a run records, do not validate as it (the
-                message names both), or the `deps_factory` raised.
+                message names both), or the `deps_factory` failed for good or returned another type than the
+                agent's `deps_type` (`DepsFactoryError`, naming the factory): the activity is not retried.
+            TransientToolError: the `deps_factory` raised a transient error (`ConnectionError`,
+                `TransientToolError`): the activity is retried as for its own transient failures.
 
         """
         factory = self._deps_factory
         if factory is None:
             return self.deps if raw is None else self.recorded_deps(raw, type_name=type_name)
         recorded = self.recorded_deps(raw, type_name=type_name)
+        named = _callable_name(factory)
         try:
-            return factory(recorded)
+            if inspect.iscoroutinefunction(factory):
+                built = await factory(recorded)
+            else:
+                built = await asyncio.to_thread(factory, recorded)
+                if inspect.isawaitable(built):  # a callable object or partial whose __call__ is async
+                    built = await built
+        except TRANSIENT_DEPS_ERRORS as e:
+            raise TransientToolError(
+                f"the deps_factory of agent {self.name!r} ({named}) failed for the run's deps "
+                f"{clip(repr(raw), 200)} with a transient error, {type(e).__name__}: {e}; the step is tried "
+                "again") from e
         except Exception as e:
-            raise CodeModeUserError(f"the deps_factory of agent {self.name!r} failed for the run's deps {raw!r}: "
-                                    f"{type(e).__name__}: {e}") from e
+            raise DepsFactoryError(
+                f"the deps_factory of agent {self.name!r} failed for the run's deps {clip(repr(raw), 200)}: "
+                f"{type(e).__name__}: {e} (the factory: {named}); fix the factory, or raise TransientToolError "
+                "from it for a failure worth retrying") from e
+        problem = _not_deps_type(built, self.deps_type)
+        if problem is not None:
+            raise DepsFactoryError(
+                f"the deps_factory of agent {self.name!r} ({named}) returned {problem}: it must build the agent's "
+                f"deps_type, e.g. return {_type_name(self.deps_type)}(...) built from what the run recorded")
+        return built
+
+    async def deps_for_calls(self, raw: Any) -> CallDeps:
+        """A run's deps for its tool calls (`build_deps`), built once for all the calls of one activity (a batch)."""
+        return CallDeps(value=await self.build_deps(raw), own=raw is not None or self.builds_deps)
 
     def recorded_deps(self, raw: Any, *, type_name: str | None = None) -> Any:
         """What a run recorded as its deps, checked and rebuilt as `run_deps_type` (no `deps_factory` called).
@@ -335,7 +412,7 @@ class CodeModeAgent:
         `start_run` checks a run's deps with it before anything starts, when it is given the `CodeModeAgent`.
 
         Raises:
-            CodeModeUserError: as `run_deps`, or the type cannot be rebuilt from data at all (a field holds a
+            CodeModeUserError: as `build_deps`, or the type cannot be rebuilt from data at all (a field holds a
                 connection or client): the message names the field and says to give the agent a `deps_factory`.
 
         """
@@ -406,6 +483,10 @@ class CodeModeAgent:
         if self._tools is None:
             self._tools = await self._read_tools(self.run_context())
         return self._tools
+
+    def forget_tools(self) -> None:
+        """Read the agent's tools again next time (a tool was added to it: `add_child_run_tool`)."""
+        self._tools = None
 
     async def _read_tools(self, ctx: RunContext[Any]) -> dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]:
         found: dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]] = {}

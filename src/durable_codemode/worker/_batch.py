@@ -34,7 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from .._types import BatchedCall, BatchInput, BatchOutcome, BatchResult
-from ._agent import CodeModeAgent
+from ._agent import CallDeps, CodeModeAgent
 from ._context import ToolCallContext, bind_call
 from ._failures import message_of, tool_failure
 from ._heartbeat import heartbeating
@@ -55,16 +55,17 @@ def _earlier_outcomes(details: Any) -> dict[str, BatchOutcome]:
         return {}
 
 
-async def _one_try(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, attempt: int,
+async def _one_try(agent: CodeModeAgent, input: BatchInput, deps: CallDeps, call: BatchedCall, attempt: int,
                    usage: RunUsage) -> Any:
     ctx = ToolCallContext(workflow_id=activity.info().workflow_id or "", call_id=call.call_id, tool=input.tool,
                           attempt=attempt)
     with bind_call(ctx):
-        return await call_tool(agent, input.tool, call.args, call_id=call.call_id, attempt=attempt, deps=input.deps,
+        return await call_tool(agent, input.tool, call.args, call_id=call.call_id, attempt=attempt, deps=deps,
                                      recorded_schema=input.schema_digest, usage=usage)
 
 
-async def _settle(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, first_attempt: int) -> BatchOutcome:
+async def _settle(agent: CodeModeAgent, input: BatchInput, deps: CallDeps, call: BatchedCall,
+                  first_attempt: int) -> BatchOutcome:
     """One call, tried as the tool's retry policy says; its outcome (never raises a tool's error)."""
     policy = input.retry_policy
     tries = max(policy.maximum_attempts, 1)
@@ -75,7 +76,7 @@ async def _settle(agent: CodeModeAgent, input: BatchInput, call: BatchedCall, fi
         try:
             usage = RunUsage()  # the try's `ctx.usage`: what a sub-agent run adds is counted in the run
             async with asyncio.timeout(input.timeout.total_seconds()) as deadline:
-                value = await _one_try(agent, input, call, first_attempt + n, usage)
+                value = await _one_try(agent, input, deps, call, first_attempt + n, usage)
             return BatchOutcome(call_id=call.call_id, kind="ok", value=value,
                                 usage=usage if usage.has_values() else None)
         except TimeoutError as e:
@@ -107,6 +108,10 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
     """
     info = activity.info()
     done = _earlier_outcomes(info.heartbeat_details)
+    try:
+        deps = await agent.deps_for_calls(input.deps)  # once for every call of the batch
+    except Exception as e:  # the whole attempt fails: retried when transient, else each call gets the error
+        raise tool_failure(input.tool, e) from e
     used = sum(len(to_json(o.value)) for o in done.values() if o.kind == "ok")
 
     beat_scheduled = False
@@ -126,7 +131,7 @@ async def run_batch(agent: CodeModeAgent, input: BatchInput, *, check_result: Ca
 
     async def one(call: BatchedCall) -> None:
         nonlocal used
-        outcome = await _settle(agent, input, call, info.attempt)
+        outcome = await _settle(agent, input, deps, call, info.attempt)
         if outcome.kind == "ok":
             try:
                 size = check_result(outcome.value)

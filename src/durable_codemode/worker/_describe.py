@@ -32,7 +32,7 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from .._approvals import RecordedApproverPolicy
 from .._config import ToolOptions
 from .._errors import CodeModeUserError, GuardrailError
-from .._names import CHILD_RUN_METADATA, tool_activity_type
+from .._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA, tool_activity_type
 from .._pydantic_ai import agent_settings
 from .._stubs import (
     deferred_section,
@@ -75,7 +75,7 @@ async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_typ
 
     """
     chosen = durable.resolve_model(model)
-    deps = durable.run_deps(raw_deps, type_name=deps_type)
+    deps = await durable.build_deps(raw_deps, type_name=deps_type)
     await _start(durable, chosen, deps, prompt)
     probe = await _probe(durable.agent, deps, prompt, instructions)
     tools = await _run_tools(durable, probe.info, deps, given=raw_deps is not None)
@@ -203,7 +203,8 @@ def _tool_specs(durable: CodeModeAgent, tools: Tools, authority: ApprovalAuthori
                                                    requires_approval or options.approval_rule is not None),
                               max_retries=tool.max_retries, batch=options.batch and in_sandbox,
                               schema_digest=schema_digest(tool.tool_def) if mcp_toolsets([tool.toolset]) else None,
-                              child_run=_child_run(durable.name, tool.tool_def, options)))
+                              child_run=_child_run(durable.name, tool.tool_def, options),
+                              child_deps=bool((tool.tool_def.metadata or {}).get(CHILD_DEPS_METADATA))))
     return specs, sandbox_defs, native_defs
 
 

@@ -61,7 +61,7 @@ async def request_model(durable: CodeModeAgent, override: str | None, messages: 
     """
     model = durable.resolve_model(override)
     history = list(messages)
-    run_deps = durable.run_deps(deps)
+    run_deps = await durable.build_deps(deps)
     if durable.capability_use.model_selector is not None and override is None:
         model = await _selected_model(durable, model, history, run_deps, run_step or 1, output_retries,
                                       usage or RunUsage())

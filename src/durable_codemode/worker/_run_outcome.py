@@ -62,9 +62,10 @@ async def check_output(durable: CodeModeAgent, messages: list[ModelMessage], res
 
     model = FunctionModel(answer, profile=PROBE_PROFILE)
     agent = durable.agent
+    run_deps = await durable.build_deps(deps)
     try:
         with probing(agent):
-            async with agent.iter(message_history=messages, model=model, deps=durable.run_deps(deps),
+            async with agent.iter(message_history=messages, model=model, deps=run_deps,
                                   model_settings=cast(ModelSettings | None, model_settings)) as run:
                 start_step(run, output_retries=retries)
                 node: Any = run.next_node
@@ -105,7 +106,7 @@ async def after_run(durable: CodeModeAgent, override: str | None, messages: list
     whose `output` is the decided output rebuilt as the agent's output type, whose `all_messages()` is the run's
     history and whose `usage` its usage.
     """
-    ctx = _ending_context(durable, override, messages, usage, deps)
+    ctx = await _ending_context(durable, override, messages, usage, deps)
     typed = _adapter(durable.output_type).validate_python(output)
     return jsonable(await run_after_run(durable.agent, ctx, agent_run_result(typed, messages, usage)))
 
@@ -117,12 +118,12 @@ async def on_run_error(durable: CodeModeAgent, override: str | None, messages: l
     They get what `agent.run()` gives them: the run's context (deps, history, usage, model) and the error
     (`run_failure`). What they raise propagates; `error` itself when none of them recovers the run.
     """
-    ctx = _ending_context(durable, override, messages, usage, deps)
+    ctx = await _ending_context(durable, override, messages, usage, deps)
     return jsonable(await run_on_run_error(durable.agent, ctx, error))
 
 
-def _ending_context(durable: CodeModeAgent, override: str | None, messages: list[ModelMessage], usage: RunUsage,
-                    deps: Any) -> RunContext[Any]:
+async def _ending_context(durable: CodeModeAgent, override: str | None, messages: list[ModelMessage],
+                          usage: RunUsage, deps: Any) -> RunContext[Any]:
     """The `RunContext` a run's end hooks get (`after_run`, `on_run_error`): deps, history, usage, model."""
-    return replace(durable.run_context(deps=durable.run_deps(deps)), model=durable.resolve_model(override),
+    return replace(durable.run_context(deps=await durable.build_deps(deps)), model=durable.resolve_model(override),
                    messages=list(messages), usage=usage, prompt=last_prompt(messages))

@@ -12,17 +12,18 @@ from ._capabilities import call_through_hooks, instrumentation_of, instrumented_
 from ._mcp import mcp_toolsets, reconnect_lost, schema_digest
 
 if TYPE_CHECKING:
-    from ._agent import CodeModeAgent
+    from ._agent import CallDeps, CodeModeAgent
 
 __all__ = ["call_tool"]
 
 
 async def call_tool(durable: CodeModeAgent, tool_name: str, args: dict[str, Any], *, call_id: str, attempt: int,
-                    deps: Any = None, recorded_schema: str | None = None, usage: RunUsage | None = None) -> Any:
+                    deps: CallDeps, recorded_schema: str | None = None, usage: RunUsage | None = None) -> Any:
     """Validate `args` and run the tool; its exceptions propagate unchanged (the caller classifies them).
 
     With capability tool hooks (or instrumentation) the call goes through pydantic-ai's `ToolManager`, hooks and
-    spans around it; otherwise straight to the tool's toolset. `recorded_schema`: the MCP tool's `schema_digest`
+    spans around it; otherwise straight to the tool's toolset. `deps`: the run's, built once per activity
+    (`CodeModeAgent.deps_for_calls`). `recorded_schema`: the MCP tool's `schema_digest`
     as the run recorded it, when it did. `usage`: the tool's `ctx.usage`, which holds afterwards what the tool
     added (a sub-agent run with `usage=ctx.usage`), for the run to count (`_tool_usage`); pydantic-ai's own count
     of this call is left out, the run counted it.
@@ -34,10 +35,9 @@ async def call_tool(durable: CodeModeAgent, tool_name: str, args: dict[str, Any]
 
     """
     agent, name = durable.agent, durable.name
-    run_deps = durable.run_deps(deps)
+    run_deps = deps.value
     try:
-        tools = (await durable.tools(durable.run_context(deps=run_deps)) if deps is not None or durable.builds_deps
-                 else await durable.tools())
+        tools = await durable.tools(durable.run_context(deps=run_deps)) if deps.own else await durable.tools()
     except Exception as e:
         reconnect_lost(agent.toolsets, e, subject=f"the tools of agent {name!r}")
         raise

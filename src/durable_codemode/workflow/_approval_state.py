@@ -32,8 +32,8 @@ from .._decisions import (
     update_id_problem,
 )
 from .._errors import CodeModeUserError
-from .._names import call_digest
-from .._signing import ApproverKeyring, signing_payload
+from .._names import call_digest, call_fingerprint
+from .._signing import ApproverKeyring, legacy_signing_payload, signing_payload
 
 __all__ = ["ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule", "denial_message", "keyring_for",
            "serve", "serve_keyring", "served_agents"]
@@ -174,6 +174,10 @@ class Approvals:
                                  expires_at=batch.expires_at)
                 for call_id in sorted(self.pending)]
 
+    def refuse(self, raw: Any, reason: str) -> NoReturn:
+        """Refuse the update whose input is `raw`, saying `reason`: listed by `rejected_decisions`, not retryable."""
+        self._refuse(rejected_entry(raw, reason, workflow.now()))
+
     def _refuse(self, entry: RejectedDecision) -> NoReturn:
         self.rejected.append(entry)
         raise ApplicationError(entry.reason, type="ApprovalRejected", non_retryable=True)
@@ -236,13 +240,23 @@ class Approvals:
         if decision.expires_at <= now:
             return f"the decision expired at {decision.expires_at.isoformat()}; sign it again"
         info = workflow.info()
-        payload = signing_payload(namespace=info.namespace, run_id=info.workflow_id, call_id=decision.call_id,
-                                  approved=decision.approved, note=decision.note, approver=decision.approver or "",
-                                  expires_at=decision.expires_at)
+        pending = self.pending[decision.call_id]
+        signed: dict[str, Any] = {
+            "namespace": info.namespace, "run_id": info.workflow_id, "call_id": decision.call_id,
+            "approved": decision.approved, "note": decision.note, "approver": decision.approver or "",
+            "expires_at": decision.expires_at}
+        payload = signing_payload(**signed, call_fingerprint=call_fingerprint(pending.tool, pending.args))
         if not keyring:
             return ("this worker holds no approver keys to check the signature with: give create_worker("
                     "approver_keys=...) the approvers' public keys")
-        return keyring.verify(decision.key_id, decision.signature, payload, decision.approver)
+        problem = keyring.verify(decision.key_id, decision.signature, payload, decision.approver)
+        if problem is not None and keyring.verify(decision.key_id, decision.signature, legacy_signing_payload(
+                **signed), decision.approver) is None:
+            return ("the decision is signed as clients of durable-codemode 0.2.0 and before signed, which does not "
+                    "cover the call's arguments, so it cannot show the approver saw the arguments the call holds: "
+                    "sign it again with this release's client (codemode approve --key FILE, or decide(..., "
+                    "signer=ApprovalSigner.load(FILE)))")
+        return problem
 
     @staticmethod
     def _rejected(decision: ApprovalDecision, reason: str) -> RejectedDecision:

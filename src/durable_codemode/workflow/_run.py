@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         ApprovalDecision,
         ApprovalRecord,
         ChildApprovals,
+        ChildRun,
         PendingApproval,
         RejectedDecision,
     )
@@ -56,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
     from .._names import (
         AFTER_RUN_ACTIVITY,
         CHILD_APPROVALS_SIGNAL,
+        CHILD_RUNS_QUERY,
         DESCRIBE_AGENT_ACTIVITY,
         MODEL_REQUEST_ACTIVITY,
         OUTPUT_ACTIVITY,
@@ -67,7 +69,7 @@ with workflow.unsafe.imports_passed_through():
         WORKFLOW_TYPE,
         tool_activity_id,
     )
-    from .._results import PREVIEW_CHARS, clip, one_line, preview
+    from .._results import PREVIEW_CHARS, clip, one_line, preview, printable
     from .._run_events import EventStreamSettings
     from .._signing import ApproverKeyring
     from .._telemetry import ApprovalState
@@ -222,23 +224,37 @@ class CodeModeRunWorkflow:
         try:
             check(self._usage_limits)
         except UsageLimitExceeded as e:
-            raise ApplicationError(str(e), type="UsageLimitExceeded", non_retryable=True) from e
+            # What the run used rides along: a parent counts what its child run used before stopping (`_child_runs`).
+            raise ApplicationError(str(e), self._usage, type="UsageLimitExceeded", non_retryable=True) from e
 
     # -- approvals ---------------------------------------------------------------------------------------------
 
     @workflow.query(name=PENDING_APPROVALS_QUERY)
     def pending_approvals(self) -> list[PendingApproval]:
-        """The calls waiting for a decision, with their arguments and the program that made them.
+        """The calls of this run waiting for a decision, with their arguments and the program that made them.
 
-        Also the calls its child runs wait on (`child_run_tool`), each with the child's `run_id` to decide it on.
+        Only its own: the calls its child runs wait on are read from each child (`child_runs`,
+        `durable_codemode.pending_approvals`), never from what someone signalled.
+        """
+        return list(self._approvals.pending.values())
+
+    @workflow.query(name=CHILD_RUNS_QUERY)
+    def child_runs(self) -> list[ChildRun]:
+        """The child runs this run started and waits on (`child_run_tool`), where their calls are read."""
+        return list(self._children.running.values())
+
+    def _told_parent(self) -> list[PendingApproval]:
+        """What this run tells its parent it waits on (`ChildRuns.tell_parent`).
+
+        Its calls and, as its children signalled, theirs: as recorded runs told it, so a replay sends the same.
         """
         return [*self._approvals.pending.values(), *self._children.waiting()]
 
     @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
     def child_approvals(self, news: ChildApprovals) -> None:
-        """A child run's calls waiting for a person, listed by `pending_approvals` (and passed on to our parent)."""
+        """A child run's calls waiting for a person, as it says: passed on to our parent, listed by no one."""
         self._children.heard(news)
-        self._children.tell_parent(self.pending_approvals())
+        self._children.tell_parent(self._told_parent())
 
     @workflow.query(name=STREAM_INFO_QUERY)
     def stream_info(self) -> StreamInfo:
@@ -272,14 +288,26 @@ class CodeModeRunWorkflow:
         self._approvals.checked(decision, update_id=self._update_id(), keyring=self._keyring())
 
     def _refuse_a_childs_call(self, decision: Any) -> None:
-        """A decision sent to this run for a call that waits in one of its child runs: refused, saying where to."""
+        """A decision sent to this run about no call of its own while it has child runs: refused, saying where to.
+
+        Which child holds the call is the child's to say (this run knows only whom it started), so the refusal
+        names the children, and is listed by `rejected_decisions` like every refusal.
+        """
         call_id = decision.get("call_id") if isinstance(decision, dict) else getattr(decision, "call_id", None)
-        elsewhere = next((p.run_id for p in self._children.waiting() if p.call_id == call_id), None)
-        if elsewhere is not None and call_id not in self._approvals.pending:
-            raise ApplicationError(
-                f"call {call_id!r} waits in child run {elsewhere!r} (a sub-agent this run asked), not in this run: "
-                f"decide it there, decide(client, {elsewhere!r}, {call_id!r}) or `codemode approve {elsewhere} "
-                f"{call_id}`", type="ApprovalRejected", non_retryable=True)
+        children = sorted(self._children.running)
+        if not children or not isinstance(call_id, str) or call_id in self._approvals.asked():
+            return
+        shown = printable(clip(call_id, 80))
+        if len(children) == 1:
+            child = children[0]
+            where = (f"it may wait in this run's child run {child!r} (a sub-agent it asked): decide it there, "
+                     f"decide(client, {child!r}, {shown!r}) or `codemode approve {child} {shown}`")
+        else:
+            named = ", ".join(repr(c) for c in children[:5]) + (f" and {len(children) - 5} more" if len(children) > 5
+                                                                else "")
+            where = (f"it may wait in one of this run's child runs ({named}): decide it on the run it waits in; "
+                     f"`codemode approvals {workflow.info().workflow_id}` lists each call with its run")
+        self._approvals.refuse(decision, f"call {shown!r} is not one of this run's; {where}")
 
     @staticmethod
     def _keyring() -> ApproverKeyring:
@@ -327,7 +355,7 @@ class CodeModeRunWorkflow:
 
     def _show_details(self) -> None:
         self._progress.show()
-        self._children.tell_parent(self.pending_approvals())  # a child run: its parent lists these calls too
+        self._children.tell_parent(self._told_parent())  # a child run: its parent hears of these calls, as it did
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
@@ -748,6 +776,8 @@ class CodeModeRunWorkflow:
             self._approvals.pending[call_id] = pending
             self._show_details()
             wait = self._approvals.wait(pending, spec.approval_timeout)
+        elif spec.child_run is not None:  # with the child runs made beside it, it shares the usage limits' rest
+            self._children.expect(call_id)
         call = self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
                                    args=args)
         if pending is not None:  # told after the call itself, which it belongs to
@@ -785,12 +815,13 @@ class CodeModeRunWorkflow:
         settled: Settled
         if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
             child, error = await self._children.run(spec, args, call_id, started_by=self._started_by,
+                                                    agent=self._spec.agent, deps=self._deps,
+                                                    limits=self._usage_limits, usage=self._usage,
                                                     progress=self._progress, stream=self._events.streams)
             if child is None:
                 assert error is not None
                 settled, status = _raised(error["exc_type"], error["message"]), "error"
             else:
-                self._usage.incr(child.usage)
                 settled = {"return_value": child.output}
             return settled, self._record(call_id, tool, args_text, settled, status, started)
         if spec.batch and spec.in_sandbox and approval is None:
