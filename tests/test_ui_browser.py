@@ -90,7 +90,10 @@ async def test_a_person_follows_a_run_live_and_decides_its_paused_call(
             ui(client, UIAccess(approver="ana")) as url:
         page, problems = await open_page(browser, url)
         handle = await start_run(client, agent, cart.GUARDED_PROMPT, task_queue=tq, stream=True)
-        # The runs page lists it (it refreshes on its own); the person opens it.
+        # The runs page lists it (it refreshes on its own), waiting, with the call it made; the person opens it.
+        row = page.locator("tr", has=page.locator(f"a:text-is('{handle.id}')"))
+        await row.locator("td.waiting", has_text="1 call(s)").wait_for(timeout=_WAIT_MS)
+        assert await row.locator("td.calls").inner_text() == "1"
         await page.click(f"a:text-is('{handle.id}')", timeout=_WAIT_MS)
         # The nested call appears, waiting, while the run is not over.
         call = page.locator("li.call.paused", has_text='call_0.0 add_line(product="espresso machine"')

@@ -120,6 +120,8 @@ class StreamInfo:
     """The offset the next event will have."""
     refused: list[str]
     """The latest publishes refused (a forged or late batch), newest last."""
+    calls: int = 0
+    """Tool calls the run has made so far (its usage's `tool_calls`), for the runs page."""
 
 
 def _decode(wire: str) -> Payload:

@@ -87,6 +87,7 @@
           row.appendChild(el("td", null, run.agent));
           row.appendChild(el("td", "state", run.state));
           row.appendChild(el("td", null, run.started ? new Date(run.started).toLocaleString() : ""));
+          row.appendChild(el("td", "calls", run.calls === null || run.calls === undefined ? "" : String(run.calls)));
           row.appendChild(el("td", "waiting", run.waiting ? run.waiting + " call(s)" : ""));
           rows.appendChild(row);
         }
