@@ -11,7 +11,13 @@ import httpx
 import pytest
 from temporalio.client import Client
 
-from durable_codemode import CodeModeUserError, pending_approvals, start_run, wait_for_approvals
+from durable_codemode import (
+    CodeModeUserError,
+    generate_approver_key,
+    pending_approvals,
+    start_run,
+    wait_for_approvals,
+)
 from durable_codemode.apps.activities.cart import CartStore
 from durable_codemode.apps.workflows import cart
 from durable_codemode.debugging import register_agents
@@ -74,3 +80,32 @@ async def test_the_page_binds_to_loopback_unless_told(client: Client) -> None:
         await serve_ui(client, host="0.0.0.0", port=0)
     with pytest.raises(CodeModeUserError, match="at least 16 characters"):
         ui_app(client, token="short")
+
+
+async def test_a_page_with_an_approvers_key_signs_its_decisions(client: Client, tmp_path: Path) -> None:
+    """`codemode ui --key FILE`: the worker checks the page's decision against the approver's public key."""
+    store = CartStore(tmp_path / "cart.sqlite")
+    store.seed(lines=3)
+    agent = cart.guarded_cart_agent(store)
+    tq = new_task_queue()
+    ana = generate_approver_key("ana")
+    unsigned_page = ui_app(client, token=TOKEN, access=UIAccess(approver="ana"), hosts=(HOST,))
+    signed_page = ui_app(client, token=TOKEN, access=UIAccess(signer=ana), hosts=(HOST,))
+    async with running_worker(client, [agent], task_queue=tq, approver_keys={ana.key_id: ana.public_entry()}):
+        handle = await start_run(client, agent, cart.GUARDED_PROMPT, task_queue=tq)
+        await wait_for_approvals(client, handle.id)
+        decision = {"call_id": "call_0.0", "approved": True, "note": "checked"}
+        path = f"/api/runs/{handle.id}/decisions"
+        headers = {"Authorization": f"Bearer {TOKEN}", "Origin": f"http://{HOST}"}
+        async with http(unsigned_page) as api:
+            refused = await api.post(path, json=decision, headers=headers)
+        assert refused.status_code == 409 and "the decision is not signed" in refused.json()["error"], refused.text
+        assert len(await pending_approvals(client, handle.id)) == 1, "an unsigned decision decided nothing"
+        async with http(signed_page) as api:
+            decided = await api.post(path, json=decision, headers=headers)
+        assert decided.status_code == 200, decided.text
+        result = await handle.result()
+    assert [(r.approver, r.approved, r.signed, r.key_id) for r in result.approvals] == [
+        ("ana", True, True, ana.key_id)]
+    register_agents([agent])
+    await replay(handle)
