@@ -113,8 +113,8 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
 def _how_to_run(address: str, task_queue: str) -> None:
     queue = "" if task_queue == DEFAULT_TASK_QUEUE else f" --task-queue {task_queue}"
     say("start a run from another terminal:\n"
-         f'  {ADDRESS_ENV}={address} codemode run cart "Remove everything in my cart that costs more than '
-         f'$50 a piece."{queue}')
+         f"  {ADDRESS_ENV}={address} codemode run cart 'Remove everything in my cart that costs more than "
+         f"$50 a piece.'{queue}")  # single quotes: in double ones, the shell would turn $50 into 0
 
 
 @asynccontextmanager
