@@ -60,8 +60,9 @@ async def approvals_command(args: argparse.Namespace) -> int:
 
 
 async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
-    client = await connect()
+    # The key first: a wrong key file is said before (and without) reaching a server.
     signer = ApprovalSigner.load(args.key) if args.key or os.environ.get(KEY_ENV) else None
+    client = await connect()
     approver = args.approver or (signer.approver if signer else os.environ.get("USER"))
     elsewhere: list[PendingApproval] = []
     try:
