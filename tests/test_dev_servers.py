@@ -40,3 +40,20 @@ def test_every_bundled_app_store_variable_is_known() -> None:
     root = Path(__file__).resolve().parent.parent / "workflows"
     read = set(re.findall(r'_DB_ENV = "([A-Z_]+)"', "".join(p.read_text() for p in root.glob("*.py"))))
     assert read == set(APP_DB_ENVS)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 20, 50])
+def test_every_stock_check_seed_has_a_line_to_remove(tmp_path: Path, n: int) -> None:
+    """`codemode bench --apps cart --n 5,20` (docs/benchmarks.md) failed: N=5 drew no out-of-stock item."""
+    from durable_codemode.apps.activities.cart import CartStore
+    from durable_codemode.apps.activities.inventory import InventoryStore
+    from durable_codemode.apps.workflows.cart_inventory import _seed
+
+    cart, inventory = CartStore(tmp_path / "cart.sqlite"), InventoryStore(tmp_path / "inventory.sqlite")
+    _seed(cart, inventory, n)
+    stock = {f"({item['sku']})": item["on_hand"] for item in inventory.all_items()}
+    with cart.connect() as conn:
+        products = [row[0] for row in conn.execute("SELECT product FROM lines")]
+    assert len(products) == n
+    on_hand = [next(v for sku, v in stock.items() if p.endswith(sku)) for p in products]
+    assert 0 in on_hand, f"N={n}: no line whose item is out of stock"
