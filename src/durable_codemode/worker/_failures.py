@@ -85,7 +85,7 @@ def _function_model_frames(tb: TracebackType | None) -> tuple[str, traceback.Fra
         frame = walk.tb_frame
         if frame.f_code.co_filename == _FUNCTION_MODEL_FILE and model_name is None:
             owner = frame.f_locals.get("self")
-            name = getattr(owner, "model_name", None) or getattr(owner, "_model_name", None)
+            name = getattr(owner, "model_name", None)
             if isinstance(name, str):
                 model_name = name
         walk = walk.tb_next
