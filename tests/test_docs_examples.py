@@ -41,6 +41,7 @@ import inspect
 import io
 import itertools
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -95,6 +96,8 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("ConsoleSpanExporter()", "docs_span_exporter",
      "the spans are kept in memory, so the span tree below the block can be checked against them"),
     ('"/shared/codemode-payloads"', "docs_payload_dir", "a temporary directory instead of a shared volume"),
+    ("run_script(main())", "__import__('asyncio').run(main())",
+     "run_script ends the process (os._exit) after main, as a script's last line should; the test process goes on"),
 ]
 """(text in a ```python block, what replaces it, why). Each must be used by some block."""
 
@@ -798,6 +801,11 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
     ns: dict[str, Any] = module.__dict__
     ns.update(docs_model=DOCS_MODEL, docs_span_exporter=exporter, docs_payload_dir=str(docs_env / "payloads"))
     background: list[asyncio.Task[Any]] = []
+
+    def no_exit(code: int) -> None:  # a block that ends the process would end pytest with exit 0: a silent pass
+        raise AssertionError(f"a block of {page.name} called os._exit({code}) (run_script?): add a SUBSTITUTION")
+
+    monkeypatch.setattr(os, "_exit", no_exit)
     if "PoolSettings(" in page.read_text():
         # In a user's process the first worker starts the Monty pool with the PoolSettings it is given; here earlier
         # tests started it (at the machine's default size, 4 per CPU: 4 on one core), and a running pool keeps its
