@@ -9,7 +9,6 @@ customer's id and the worker builds the deps with its own connection (`deps_fact
 and runs it (`run_agent`) instead of `run_sync`; the two queries read `self.sqlite_conn`, not a global cursor.
 """
 
-import asyncio
 import sqlite3
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import Caching
 from temporalio.client import Client
 
-from durable_codemode import CodeModeAgent, create_worker, run_agent
+from durable_codemode import CodeModeAgent, create_worker, run_agent, run_script
 from examples._temporal import temporal
 
 
@@ -118,4 +117,4 @@ async def main(client: Client | None = None) -> None:
 
 
 if __name__ == '__main__':
-    asyncio.run(main())
+    run_script(main())

@@ -25,7 +25,7 @@ from pydantic_ai.capabilities import Caching
 from rich.prompt import Prompt
 from temporalio.client import Client
 
-from durable_codemode import CodeModeAgent, create_worker, run_agent
+from durable_codemode import CodeModeAgent, create_worker, run_agent, run_script
 from examples._temporal import temporal
 
 
@@ -265,6 +265,4 @@ async def buy_tickets(flight_details: FlightDetails, seat: SeatPreference):
 
 
 if __name__ == '__main__':
-    import asyncio
-
-    asyncio.run(main())
+    run_script(main())

@@ -34,7 +34,7 @@ from pydantic_ai.capabilities import Caching
 from temporalio.client import Client
 from typing_extensions import AsyncGenerator
 
-from durable_codemode import CodeModeAgent, create_worker
+from durable_codemode import CodeModeAgent, create_worker, run_script
 from durable_codemode import run_agent as run_durable_agent
 from examples._temporal import temporal
 
@@ -237,14 +237,14 @@ def slugify(value: str, separator: str, unicode: bool = False) -> str:
 if __name__ == '__main__':
     action = sys.argv[1] if len(sys.argv) > 1 else None
     if action == 'build':
-        asyncio.run(build_search_db())
+        asyncio.run(build_search_db())  # no Temporal client: asyncio.run is enough
     elif action == 'search':
         if len(sys.argv) == 3:
             q = sys.argv[2]
         else:
             q = 'How do I configure logfire to work with FastAPI?'
-        asyncio.run(build_search_db())
-        asyncio.run(run_agent(q))
+        asyncio.run(build_search_db())  # no Temporal client yet: asyncio.run is enough
+        run_script(run_agent(q))
     else:
         print(
             'python -m examples.rag build|search',

@@ -9,7 +9,6 @@ by `deps_factory`; the schema is unchanged, three of the SQL examples are SQLite
 Google provider is not installed here); `main` serves the agent and runs it; logfire and devtools are not used.
 """
 
-import asyncio
 import sqlite3
 import sys
 from collections.abc import AsyncGenerator
@@ -25,7 +24,7 @@ from pydantic_ai import Agent, ModelRetry, RunContext, format_as_xml
 from pydantic_ai.capabilities import Caching
 from temporalio.client import Client
 
-from durable_codemode import CodeModeAgent, create_worker, run_agent
+from durable_codemode import CodeModeAgent, create_worker, run_agent, run_script
 from examples._temporal import temporal
 
 DB_SCHEMA = """
@@ -155,4 +154,4 @@ async def database_connect(database: str) -> AsyncGenerator[Any, None]:
 
 
 if __name__ == '__main__':
-    asyncio.run(main())
+    run_script(main())

@@ -1,9 +1,7 @@
-import asyncio
-
 from pydantic_ai import Agent
 from typing_extensions import TypedDict
 
-from durable_codemode import CodeModeAgent, SnippetLimits, create_worker, run_agent, start_dev_server
+from durable_codemode import CodeModeAgent, SnippetLimits, create_worker, run_agent, run_script, start_dev_server
 from durable_codemode.testing import RunCode, last_result, scripted_model
 
 
@@ -53,4 +51,4 @@ async def main() -> None:
     print(f"{result.usage.requests} model requests, {len(result.nested_calls)} tool calls, each an activity")
 
 
-asyncio.run(main())
+run_script(main())  # asyncio.run, then leave without the abort a Temporal client can cause at exit

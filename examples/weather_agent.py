@@ -27,7 +27,7 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import Caching
 from temporalio.client import Client
 
-from durable_codemode import CodeModeAgent, create_worker, run_agent
+from durable_codemode import CodeModeAgent, create_worker, run_agent, run_script
 from examples._temporal import temporal
 
 
@@ -130,4 +130,4 @@ async def main(temporal_client: Client | None = None) -> None:
 
 
 if __name__ == '__main__':
-    asyncio.run(main())
+    run_script(main())

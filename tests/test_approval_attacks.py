@@ -6,6 +6,7 @@ unchanged (event count and bytes); then the honest approvers' decisions complete
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -238,7 +239,23 @@ async def test_deciding_a_closed_run_says_it_is_closed_and_how_it_ended(client: 
     rc, out, err = await codemode("approve", handle.id, pending.call_id, "--key", str(ana_key),
                                   address=address(client))
     assert rc == 0 and f"approved {pending.call_id} refund(" in out, err
+    # ana deciding otherwise now hears what bob heard, with the same exit status: the run is closed.
+    with pytest.raises(RunClosedError, match=rf"run '{handle.id}' is closed: it completed at .*codemode audit"):
+        await decide(client, handle.id, pending.call_id, approved=False, signer=KEYS["ana"])
+    rc, _, err_ana = await codemode("deny", handle.id, pending.call_id, "--key", str(ana_key), address=address(client))
+    assert rc == 2 and f"run '{handle.id}' is closed: it completed at" in err_ana and "stands" not in err_ana, err_ana
     await replay(handle)
+
+
+async def test_a_public_keys_file_given_as_key_says_what_it_is(tmp_path: Path) -> None:
+    public = tmp_path / "ana.pub.json"
+    public.write_text(json.dumps({KEYS["ana"].key_id: KEYS["ana"].public_entry()}))  # what keygen prints
+    rc, _, err = await codemode("approve", "some-run", "call_0.0", "--key", str(public))
+    assert rc == 2 and "holds public keys" in err and "codemode keygen NAME -o FILE" in err, err
+    assert "KeyError" not in err and "'approver'" not in err
+    (tmp_path / "half.json").write_text(json.dumps({"approver": "ana"}))
+    rc, _, err = await codemode("approve", "some-run", "call_0.0", "--key", str(tmp_path / "half.json"))
+    assert rc == 2 and "has no 'key_id', 'private_key'" in err, err
 
 
 def test_a_run_that_closes_while_a_decision_is_taken_says_so() -> None:
@@ -248,3 +265,14 @@ def test_a_run_that_closes_while_a_decision_is_taken_says_so() -> None:
         "run 'r-1' closed while this decision was being taken: it was terminated at 2026-12-05 10:02:11 UTC; "
         "whether the decision was recorded first, `codemode audit r-1` shows")
     assert str(RunClosedError("r-1", "failed", None)).startswith("run 'r-1' is closed: it failed, so it takes no")
+
+
+def test_trace_and_audit_name_who_decided_in_the_same_words() -> None:
+    """A decision sent without an approver is "an unnamed approver" in both (trace said "someone", audit "update")."""
+    from durable_codemode._approvals import decided_by
+
+    assert decided_by(None, "update") == decided_by(None, "signal") == "an unnamed approver"
+    assert (decided_by(None, "timeout"), decided_by("ana", "update")) == ("the approval timeout", "ana")
+    src = Path(__file__).resolve().parent.parent / "src" / "durable_codemode"
+    for module in ("history/_trace.py", "cli/_approvals.py"):
+        assert "decided_by(" in (src / module).read_text(), f"{module} words the approver its own way"

@@ -41,6 +41,7 @@ import inspect
 import io
 import itertools
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -95,6 +96,8 @@ SUBSTITUTIONS: list[tuple[str, str, str]] = [
     ("ConsoleSpanExporter()", "docs_span_exporter",
      "the spans are kept in memory, so the span tree below the block can be checked against them"),
     ('"/shared/codemode-payloads"', "docs_payload_dir", "a temporary directory instead of a shared volume"),
+    ("run_script(main())", "__import__('asyncio').run(main())",
+     "run_script ends the process (os._exit) after main, as a script's last line should; the test process goes on"),
 ]
 """(text in a ```python block, what replaces it, why). Each must be used by some block."""
 
@@ -144,6 +147,8 @@ def shop_agent() -> CodeModeAgent:
 DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     # docs/agents.md, deps that hold connections: the balance the tool read through the worker's connection.
     "What is my balance?": ("await customer_balance()", lambda result: f"Your balance is {result['result']}."),
+    # docs/agents.md, the same with a plain `def` tool (a worker thread) over a connection shared across threads.
+    "What is my name?": ("customer_name()", lambda result: f"Your name is {result['result']}."),
     # docs/agents.md, a sub-agent as a child run: the search run asks the extraction run, which lists the flights.
     "Which flight is cheapest: AK123 at $350 or LA101 at $250?": (
         "await ask_extraction(prompt='AK123 at $350 or LA101 at $250')",
@@ -796,6 +801,11 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
     ns: dict[str, Any] = module.__dict__
     ns.update(docs_model=DOCS_MODEL, docs_span_exporter=exporter, docs_payload_dir=str(docs_env / "payloads"))
     background: list[asyncio.Task[Any]] = []
+
+    def no_exit(code: int) -> None:  # a block that ends the process would end pytest with exit 0: a silent pass
+        raise AssertionError(f"a block of {page.name} called os._exit({code}) (run_script?): add a SUBSTITUTION")
+
+    monkeypatch.setattr(os, "_exit", no_exit)
     if "PoolSettings(" in page.read_text():
         # In a user's process the first worker starts the Monty pool with the PoolSettings it is given; here earlier
         # tests started it (at the machine's default size, 4 per CPU: 4 on one core), and a running pool keeps its
@@ -824,3 +834,45 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
         if isinstance(outcome, BaseException):
             raise outcome
 
+
+
+# -- commands mean in a shell what they say -------------------------------------------------------------------------
+
+
+def _shell_expansions(line: str) -> list[str]:
+    """What bash would expand in `line` that reads as text: `$` then a digit, a lowercase name or `$` again.
+
+    Unquoted or inside double quotes only (single quotes and a backslash keep it). `$NAME` in capitals (a variable the
+    reader sets) and `$(...)` (a command substitution) are meant; `"... $150"` is not: bash makes it `50`.
+    """
+    found, quote, i = [], "", 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote == c else c
+        elif c == "#" and not quote and (i == 0 or line[i - 1].isspace()):
+            break  # a comment
+        elif c == "$" and quote != "'" and i + 1 < len(line) and re.match(r"[0-9a-z$!@*#?-]", line[i + 1]):
+            found.append(line[i:i + 6])
+        i += 1
+    return found
+
+
+def test_commands_mean_in_the_shell_what_they_say() -> None:
+    """`codemode run cart-guarded "... for $150"` reached the agent as "... for 50": every command is checked."""
+    from durable_codemode.cli import _serving
+
+    lines = [(b.where, line) for b in all_blocks() if b.lang == "bash" for line in b.text.splitlines()]
+    lines += [(str(p.relative_to(ROOT)), span) for p in DOC_FILES
+              for span in re.findall(r"`((?:codemode|python) [^`]*)`", p.read_text())]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _serving._how_to_run("localhost:7233", "durable-codemode")  # the hint `codemode dev` prints
+    lines += [("codemode dev's hint", line) for line in out.getvalue().splitlines()]
+    problems = [f"{where}: {line.strip()!r} ({', '.join(found)}…: the shell expands it; use single quotes or \\$)"
+                for where, line in lines if (found := _shell_expansions(line))]
+    assert not problems, "\n".join(problems)
+    assert _shell_expansions('codemode run cart "over $50"') and not _shell_expansions("codemode run cart 'over $50'")

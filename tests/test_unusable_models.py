@@ -14,7 +14,13 @@ import time
 import uuid
 from typing import Any
 
+import pydantic_ai.capabilities as _capabilities
 import pytest
+
+if not hasattr(_capabilities, "ModelFallback"):
+    pytest.skip("these tests use pydantic-ai's ModelFallback, which need pydantic-ai 2.68 or newer "
+                "(this release has no ModelFallback capability; the runtime checks for it by feature)",
+                allow_module_level=True)
 from pydantic_ai import Agent
 from pydantic_ai.usage import RunUsage
 from temporalio.api.enums.v1 import EventType

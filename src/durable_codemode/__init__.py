@@ -32,11 +32,13 @@ from ._errors import (
 )
 from ._files import RunFiles
 from ._pool import PoolSettings
+from ._process import run_script
 from ._run_events import EventStreamSettings
 from ._signing import ApproverKeyring
 from ._storage import LocalPayloadStore, data_converter
 from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
 from .client._devserver import start_dev_server, temporal_cli_path
+from .client._failures import RunWorkflowFailedError
 from .client._operations import (
     decide,
     decide_all,
@@ -92,6 +94,7 @@ __all__ = [
     "RunInput",
     "RunNotFoundError",
     "RunResult",
+    "RunWorkflowFailedError",
     "SnippetLimits",
     "SnippetRecord",
     "ToolCallContext",
@@ -115,6 +118,7 @@ __all__ = [
     "rejected_decisions",
     "run_agent",
     "run_result",
+    "run_script",
     "start_dev_server",
     "start_run",
     "stream_events",

@@ -40,6 +40,7 @@ __all__ = [
     "PendingApproval",
     "RecordedApproverPolicy",
     "RejectedDecision",
+    "decided_by",
 ]
 
 DECIDE_UPDATE = "decide"
@@ -237,3 +238,14 @@ class ApprovalRecord:
     """A digest of the call's arguments (`_names.call_digest`), to match the record to the call that ran."""
     settled: bool = True
     """Whether this decision settled the call; `False`: an approval counted toward the `required` ones."""
+
+
+def decided_by(approver: str | None, via: str | None) -> str:
+    """Who decided a call, in the words `codemode trace` and `codemode audit` both use.
+
+    The approver's name; else the approval timeout (`via='timeout'`); else "an unnamed approver" (a decision sent
+    without one, by update or signal): `via` says how a decision came, never who made it.
+    """
+    if approver:
+        return approver
+    return "the approval timeout" if via == "timeout" else "an unnamed approver"

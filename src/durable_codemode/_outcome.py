@@ -35,5 +35,8 @@ def run_failure_reason(error: BaseException) -> str:
     told = [e.message for e in chain if isinstance(e, ApplicationError) and e.message]
     if not told:
         told = [str(chain[-1]) or type(chain[-1]).__name__]
-    unique = list(dict.fromkeys(m.strip().rstrip(".") for m in told))
+    unique: list[str] = []
+    for message in (m.strip().rstrip(".") for m in told):
+        if not any(message in said for said in unique):  # a cause the outer message already quotes says nothing new
+            unique.append(message)
     return ": ".join(unique)

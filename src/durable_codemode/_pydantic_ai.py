@@ -1,6 +1,6 @@
 """The one place durable-codemode touches pydantic-ai's private names: every one of them, and why.
 
-durable-codemode supports a range of pydantic-ai releases (`pyproject.toml`: `pydantic-ai-slim>=2.68,<3`), tested
+durable-codemode supports a range of pydantic-ai releases (`pyproject.toml`: `pydantic-ai-slim>=2.62,<3`), tested
 on the oldest and the newest in CI. It uses pydantic-ai's public API everywhere it can; where pydantic-ai keeps
 what a durable run needs private, the access lives here and nowhere else (`tests/test_private_names.py` fails on
 any other module that reaches for a private pydantic-ai name). Each function below:

@@ -26,9 +26,10 @@ What the commands print (all but `bench`'s tables and a bug's traceback) passes 
 names, notes, call ids, program source, arguments and results that came from a run or from whoever can reach the
 server cannot drive the terminal.
 
-`main()` leaves with `os._exit` after flushing: a short script whose last act is a Temporal call can abort at
-interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash report. Because
-`os._exit` skips `atexit`, everything that needs stopping (servers, workers, the Monty pool) is stopped first.
+`main()` leaves through `exit_process` (`durable_codemode._process`): a short script whose last act is a Temporal
+call can abort at interpreter exit (`PyGILState_Release`, exit 134), which would turn a clean run into a crash
+report. It runs the `atexit` functions (the Monty pool's shutdown among them), flushes, then `os._exit`s; servers
+and workers are stopped before that. Scripts get the same from `durable_codemode.run_script`.
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ import traceback
 from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn
 
-from .. import _pool
 from .._errors import CodeModeUserError
 from .._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING
+from .._process import exit_process
 from ._output import err
 from ._parser import Command, build_parser
 from ._serving import DEV_SERVER_DB, serve_bundled_agents
@@ -87,14 +88,6 @@ def run_command(command: Coroutine[Any, Any, int]) -> int:
         traceback.print_exc()
         err("unexpected error (the traceback above); please report it with the command you ran")
         return EXIT_FAILED
-
-
-def exit_process(code: int) -> NoReturn:
-    """Stop the Monty pool, flush, and leave with `os._exit(code)` (see the module docstring for why)."""
-    _pool.shutdown_pool()  # atexit would do it, but os._exit skips atexit
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def run_cli(argv: Sequence[str] | None = None) -> int:

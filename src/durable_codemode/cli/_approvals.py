@@ -14,7 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from .._approvals import ApprovalRecord, PendingApproval, RejectedDecision
+from .._approvals import ApprovalRecord, PendingApproval, RejectedDecision, decided_by
 from .._errors import CodeModeError, CodeModeUserError, DecisionConflictError
 from .._outcome import EXIT_FAILED, EXIT_OK
 from .._results import code_lines, preview, printable
@@ -60,8 +60,9 @@ async def approvals_command(args: argparse.Namespace) -> int:
 
 
 async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
-    client = await connect()
+    # The key first: a wrong key file is said before (and without) reaching a server.
     signer = ApprovalSigner.load(args.key) if args.key or os.environ.get(KEY_ENV) else None
+    client = await connect()
     approver = args.approver or (signer.approver if signer else os.environ.get("USER"))
     elsewhere: list[PendingApproval] = []
     try:
@@ -142,7 +143,7 @@ async def audit_command(args: argparse.Namespace) -> int:
         verb = ("approved" if r.approved else "denied") + ("" if r.settled else " (counted; not yet enough)")
         signed = f"signed with {printable(r.key_id or '?')}" if r.signed else "UNSIGNED"
         say(f"{r.decided_at:%Y-%m-%d %H:%M:%S}  {printable(r.call_id):<12} {printable(r.tool)}  {verb} by "
-             f"{printable(r.approver or r.via)}  {signed}  via {r.via}"
+             f"{printable(decided_by(r.approver, r.via))}  {signed}  via {r.via}"
              + (f"  policy: {printable(r.policy)}" if r.policy else "")
              + (f"  args {printable(r.args_digest)}" if r.args_digest else "")
              + (f"  note: {printable(r.note)}" if r.note else ""))

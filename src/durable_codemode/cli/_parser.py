@@ -20,7 +20,7 @@ from ._demo import demo_command
 from ._history import history_command, replay_command, trace_command
 from ._output import ADDRESS_ENV
 from ._runs import runs_command, start_command, watch_command
-from ._serving import DEV_SERVER_DB, dev_command, worker_command
+from ._serving import DEFAULT_DEV_PORT, DEV_SERVER_DB, dev_command, worker_command
 from ._ui import ui_command
 
 
@@ -102,8 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Serve an embedded Temporal dev server and a worker for the "
                               "bundled agents until Ctrl-C.")
     dev.add_argument("--db", metavar="FILE",
-                     help=f"SQLite file for the server's runs (default: {DEV_SERVER_DB})")
-    dev.add_argument("--port", type=_port, default=7233, help="the server's port (default: 7233)")
+                     help=f"SQLite file for the server's runs (default: {DEV_SERVER_DB}, or dev-server-PORT.sqlite "
+                     "beside it for another --port); with --db or another --port, the bundled apps' stores go in "
+                     "FILE-apps/ beside it, so two dev servers never share them")
+    dev.add_argument("--port", type=_port, default=DEFAULT_DEV_PORT,
+                     help=f"the server's port (default: {DEFAULT_DEV_PORT})")
     dev.add_argument("--ui", action="store_true", help="also serve Temporal's web UI, on port + 1000")
     dev.add_argument("--page-port", type=_port, default=DEFAULT_UI_PORT,
                      help=f"the port of codemode's own page to watch runs and decide approvals (default: "

@@ -113,8 +113,8 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
 def _how_to_run(address: str, task_queue: str) -> None:
     queue = "" if task_queue == DEFAULT_TASK_QUEUE else f" --task-queue {task_queue}"
     say("start a run from another terminal:\n"
-         f'  {ADDRESS_ENV}={address} codemode run cart "Remove everything in my cart that costs more than '
-         f'$50 a piece."{queue}')
+         f"  {ADDRESS_ENV}={address} codemode run cart 'Remove everything in my cart that costs more than "
+         f"$50 a piece.'{queue}")  # single quotes: in double ones, the shell would turn $50 into 0
 
 
 @asynccontextmanager
@@ -160,14 +160,52 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE,
     return EXIT_OK
 
 
+DEFAULT_DEV_PORT = 7233
+"""`codemode dev`'s port when none is given (Temporal's own default)."""
+
+APP_DB_ENVS = ("CODEMODE_CART_DB", "CODEMODE_CALENDAR_DB", "CODEMODE_CHAT_DB", "CODEMODE_KANBAN_DB",
+               "CODEMODE_INVENTORY_DB")
+"""The variables naming the bundled apps' SQLite stores (each app reads its own; `workflows/<app>.py`)."""
+
+
+def dev_paths(db: str | None, port: int) -> tuple[Path, Path | None]:
+    """Where a `codemode dev` server keeps its runs, and where the bundled apps keep their stores (`None`: default).
+
+    The default server (no `--db`, port 7233) keeps both where they always were, under `~/.local/share/
+    durable-codemode/`. Any other server gets its own: runs in `--db FILE` (default `dev-server-<port>.sqlite`
+    for another port, since two servers on one SQLite file would trample each other) and the apps' stores in the
+    folder beside it, `<FILE without .sqlite>-apps/`. So two dev servers never share a cart or a calendar.
+    """
+    if db is None and port == DEFAULT_DEV_PORT:
+        return DEV_SERVER_DB.expanduser(), None
+    server_db = Path(db) if db else DEV_SERVER_DB.with_name(f"dev-server-{port}.sqlite")
+    server_db = server_db.expanduser()
+    return server_db, server_db.with_name(f"{server_db.stem}-apps")
+
+
+def _use_app_stores(folder: Path) -> list[str]:
+    """Point every bundled app's store not already set by its variable into `folder`; the variables set."""
+    chosen = []
+    for env in APP_DB_ENVS:
+        if not os.environ.get(env):
+            app = env.removeprefix("CODEMODE_").removesuffix("_DB").lower()
+            os.environ[env] = str(folder / f"{app}.sqlite")
+            chosen.append(env)
+    return chosen
+
+
 async def dev_command(args: argparse.Namespace) -> int:
-    db = Path(args.db) if args.db else DEV_SERVER_DB
+    db, apps = dev_paths(args.db, args.port)
     approvers = ApproverSettings.of(args.approver_keys, args.approver_directory)
     approvers.keyring()  # a bad key file is an error before the server starts
+    if apps is not None:
+        apps.mkdir(parents=True, exist_ok=True)
+        _use_app_stores(apps)  # before the agents are made: making an app's agent seeds its store
     agents = _bundled_agents()
     async with _embedded_server(db, port=args.port, ui=args.ui) as client:
         address = server_address(client)
-        say(f"Temporal dev server at {address}, runs kept in {db.expanduser()}")
+        where = f"; the bundled apps' stores in {apps}" if apps is not None else ""
+        say(f"Temporal dev server at {address}, runs kept in {db}{where}")
         if args.ui:
             say(f"Temporal's web UI at http://127.0.0.1:{args.port + 1000}")
         page = None if args.no_page else await _page(client, args.page_port, approvers)

@@ -4,8 +4,11 @@ A run that fails reaches its client as temporalio's `WorkflowFailureError`, whos
 carrying the failure's type by name (`UsageLimitExceeded`, `UnexpectedModelBehavior`, `ModelHTTPError`, ...), the
 model request's behind an `ActivityError`. Code ported from `agent.run()` catches pydantic-ai's types, so
 `run_agent` and `run_result` raise the failure as an exception that is both pydantic-ai's type and
-`RunFailedError` (whose `run_id` names the run), built from what the run recorded: a failure pydantic-ai has no
-type for is left as temporalio raised it.
+`RunFailedError` (whose `run_id` names the run), built from what the run recorded. A failure pydantic-ai has no
+type for (a worker's `CodeModeUserError`, a sandbox limit, a cancelled run) is raised as `RunWorkflowFailedError`:
+still temporalio's `WorkflowFailureError` with the same `cause`, so code written for temporalio keeps working, but
+its message is the worker's own words ("run 'x' failed: agent 'x' has tools whose calls need approval, ... give
+create_worker(...)"), not temporalio's "Workflow execution failed", which told whoever started the run nothing.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
 from .._errors import RunFailedError
+from .._outcome import run_failure_reason
 
-__all__ = ["agent_run_error"]
+__all__ = ["RunWorkflowFailedError", "agent_run_error", "run_failure"]
 
 _HTTP_MESSAGE = re.compile(r"status_code: (\d+), model_name: (.*?), body: (.*)", re.DOTALL)
 """How pydantic-ai writes a `ModelHTTPError` (`str(e)`), which is what the model activity records."""
@@ -90,3 +94,43 @@ def agent_run_error(error: WorkflowFailureError, run_id: str) -> Exception | Non
     built.message = cause.message
     built.add_note(f"raised by durable run {run_id!r} (`codemode trace {run_id}` shows it)")
     return built
+
+
+class RunWorkflowFailedError(WorkflowFailureError, RunFailedError):
+    """A durable run's failure that pydantic-ai has no exception for, saying why in its message.
+
+    Both temporalio's `WorkflowFailureError` (its `cause` is the workflow's failure, as temporalio raised it) and
+    `RunFailedError` (`run_id`, `error_type`: the innermost failure's type, e.g. `CodeModeUserError`, and `message`,
+    the worker's words). `str()` is `run '<id>' failed: <why>`: the reason a worker logged reaches whoever started
+    the run.
+    """
+
+    def __init__(self, error: WorkflowFailureError, run_id: str) -> None:
+        reason = run_failure_reason(error)
+        # Neither base's __init__ fits (temporalio's fixes the message, ours wants the type): set both by hand.
+        Exception.__init__(self, f"run {run_id!r} failed: {reason}")
+        self.__cause__ = error.cause
+        self.run_id = run_id
+        self.error_type = _innermost_type(error)
+        self.message = reason
+
+
+def _innermost_type(error: BaseException) -> str:
+    """The type of the failure at the bottom of `error`'s causes: the `ApplicationError`'s recorded type if any."""
+    current: BaseException | None = error
+    found = type(error).__name__
+    seen: list[BaseException] = []
+    while current is not None and current not in seen:
+        seen.append(current)
+        found = current.type if isinstance(current, ApplicationError) and current.type else type(current).__name__
+        current = getattr(current, "cause", None) or current.__cause__
+    return found
+
+
+def run_failure(error: WorkflowFailureError, run_id: str) -> Exception:
+    """What a client raises for run `run_id`'s failure: pydantic-ai's exception when it has one, else ours.
+
+    `agent_run_error`'s exception where pydantic-ai has a type for the failure; else a `RunWorkflowFailedError`,
+    whose message says why the run failed. Raise it `from error.cause`, so `.cause` stays temporalio's.
+    """
+    return agent_run_error(error, run_id) or RunWorkflowFailedError(error, run_id)

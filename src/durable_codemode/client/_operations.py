@@ -54,7 +54,7 @@ from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
 from ._children import MAX_CHILD_DEPTH, children_of
-from ._failures import agent_run_error
+from ._failures import run_failure
 from ._moving import run_motion
 from ._signer import ApprovalSigner
 from ._visibility import lacks_search_attributes, start_options
@@ -392,7 +392,8 @@ async def run_agent(
         pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: what
             `agent.run()` raises for the same failure, with the same message; each is also a `RunFailedError`
             whose `run_id` names the failed run (`codemode trace RUN_ID`), as `run_result` raises them.
-        temporalio.client.WorkflowFailureError: a failure pydantic-ai has no exception for.
+        RunWorkflowFailedError: a failure pydantic-ai has no exception for, as `run_result` raises it (a
+            temporalio `WorkflowFailureError` whose message says why the run failed).
         InvalidRunInputError: as `start_run`; nothing started.
 
     """
@@ -424,16 +425,18 @@ async def run_result(handle: WorkflowHandle[Any, Any], output_type: Any = None) 
         pydantic_ai.exceptions.UsageLimitExceeded, UnexpectedModelBehavior, ModelHTTPError, UserError, ...: the run
             failed as `agent.run()` would have, with pydantic-ai's exception; it is also a `RunFailedError` whose
             `run_id` names the run (`_failures.agent_run_error`).
-        temporalio.client.WorkflowFailureError: the run failed in a way pydantic-ai has no exception for (a
-            sandbox limit, a refused input, ...), was cancelled or terminated.
+        RunWorkflowFailedError: the run failed in a way pydantic-ai has no exception for (a sandbox limit, a
+            refused input, a worker's configuration error, ...), was cancelled or terminated. It is temporalio's
+            `WorkflowFailureError` (same `cause`) and a `RunFailedError`, and its message is the worker's reason
+            (`run 'ID' failed: ...`) rather than temporalio's "Workflow execution failed".
 
     """
     try:
         result: RunResult[Any] = await handle.result()
     except WorkflowFailureError as e:
-        raised = agent_run_error(e, handle.id)
-        if raised is None:
-            raise
+        raised = run_failure(e, handle.id)
+        if isinstance(raised, WorkflowFailureError):  # ours: `.cause` stays the workflow's failure, as temporalio's
+            raise raised from e.cause
         raise raised from e
     return result if output_type is None else typed_result(result, output_type)
 
@@ -626,7 +629,17 @@ async def decide(
                                                         approver=approver), signer, valid_for, seen)
     update_id = decision_update_id(call_id, decision.approver)
     call = _handle(client, run_id).execute_update(DECIDE_UPDATE, decision, id=update_id, rpc_timeout=timeout)
-    return _own_record(run_id, update_id, decision, await _on_run(client, run_id, call, timeout))
+    answer = await _on_run(client, run_id, call, timeout)
+    try:
+        return _own_record(run_id, update_id, decision, answer)
+    except DecisionConflictError as conflict:
+        # Temporal answers an update id's first outcome even from a closed run: an approver who decided before
+        # would hear "a recorded decision stands" (exit 1) where anyone else hears "run is closed" (exit 2). One
+        # situation, one answer: a closed run says so, to everyone (its audit trail shows what it recorded).
+        closed = await _closed(client, run_id)
+        if closed is not None:
+            raise closed from conflict
+        raise
 
 
 def _own_record(run_id: str, update_id: str, decision: ApprovalDecision, answer: Any) -> ApprovalRecord:

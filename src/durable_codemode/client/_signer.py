@@ -62,6 +62,17 @@ class ApprovalSigner:
                                     "`codemode keygen` wrote")
         try:
             data = json.loads(Path(chosen).read_text())
+            if isinstance(data, dict) and "private_key" not in data and any(
+                    isinstance(v, dict) and "public_key" in v for v in data.values()):
+                raise CodeModeUserError(
+                    f"{chosen!r} holds public keys (an approver keys file, for the workers' --approver-keys / "
+                    "create_worker(approver_keys=...)), not a private one: sign with the file `codemode keygen NAME "
+                    "-o FILE` wrote to FILE")
+            missing = [k for k in ("approver", "key_id", "private_key") if not isinstance(data, dict) or k not in data]
+            if missing:
+                raise CodeModeUserError(
+                    f"{chosen!r} is not an approver key file: it has no {', '.join(repr(m) for m in missing)} "
+                    "(sign with the file `codemode keygen NAME -o FILE` wrote to FILE)")
             return cls(approver=str(data["approver"]), key_id=str(data["key_id"]),
                        private_key=Ed25519PrivateKey.from_private_bytes(
                            unb64(str(data["private_key"]), f"the private key in {chosen}")))

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from .._approvals import ApprovalRecord
+from .._approvals import ApprovalRecord, decided_by
 from .._config import SnippetLimits
 from .._results import answer_text, code_lines, printable
 from .._types import CallRecord, RunResult, TurnRecord
@@ -304,7 +304,7 @@ def _approval_text(approval: TraceApproval) -> str:
     if approval.state == "pending":
         expires = f", denied automatically at {_when(approval.expires_at)}" if approval.expires_at else ""
         return f"waiting for approval since {_when(approval.requested_at)}{expires}"
-    who = approval.approver or ("the approval timeout" if approval.via == "timeout" else "someone")
+    who = decided_by(approval.approver, approval.via)
     note = f": {approval.note}" if approval.note else ""
     return f"{approval.state} by {who} ({approval.via or '?'}){note}"
 

@@ -68,7 +68,7 @@ from ._child_runs import child_deps
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
 from ._describe import describe_run
-from ._failures import TRANSIENT, message_of, tool_failure
+from ._failures import TRANSIENT, function_model_failure, message_of, tool_failure
 from ._heartbeat import heartbeating
 from ._model_requests import request_model
 from ._run_outcome import after_run, check_output, on_run_error
@@ -213,6 +213,11 @@ class CodeModeActivities:
             raise ApplicationError(f"{e}: " + "; ".join(f"{type(x).__name__}: {x}" for x in e.exceptions),
                                    type="FallbackExceptionGroup",
                                    non_retryable=not any(_may_pass(x) for x in e.exceptions)) from e
+        except Exception as e:
+            bug = function_model_failure(input.agent, e)  # a scripted model's own bug: not retried as an outage
+            if bug is not None:
+                raise bug from e
+            raise
         if input.hooks:
             return step
         # Without hooks nothing asks for a retry; a history pydantic-ai cleaned for sending (consecutive requests

@@ -30,13 +30,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+import pydantic_ai.capabilities
 from pydantic_ai import Agent, AgentRunResult, RunContext
 from pydantic_ai.capabilities import (
     AbstractCapability,
     CombinedCapability,
     Hooks,
     Instrumentation,
-    ModelFallback,
     ToolSearch,
     WrapperCapability,
 )
@@ -284,10 +284,16 @@ def _contributes(capability: AbstractCapability[Any], hook: str) -> bool:
     return True
 
 
+_MODEL_FALLBACK: type[AbstractCapability[Any]] | None = getattr(pydantic_ai.capabilities, "ModelFallback", None)
+"""pydantic-ai's `ModelFallback` capability, or None on a release without it (before 2.68): no agent holds one there."""
+
+
 def fallback_model_names(agent: Agent[Any, Any]) -> list[str]:
     """The models given by name to `agent`'s `ModelFallback` capabilities (the worker checks they can be built)."""
-    return [model for capability in extra_capabilities(agent) if isinstance(capability, ModelFallback)
-            for model in capability.models if isinstance(model, str)]
+    if _MODEL_FALLBACK is None:
+        return []
+    return [model for capability in extra_capabilities(agent) if isinstance(capability, _MODEL_FALLBACK)
+            for model in getattr(capability, "models", ()) if isinstance(model, str)]
 
 
 @dataclass(frozen=True)

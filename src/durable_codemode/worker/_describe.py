@@ -148,7 +148,8 @@ async def _probe(agent: Agent[Any, Any], deps: Any, prompt: str | None, instruct
         system_parts = [part for message in probed.messages if isinstance(message, ModelRequest)
                         for part in message.parts if isinstance(part, SystemPromptPart)]
         return _Probe(info=probed.info, system_prompts=[part.content for part in system_parts],
-                      dynamic_prompts=[DynamicPrompt(index=i, ref=part.dynamic_ref, context_id=part.context_id)
+                      dynamic_prompts=[DynamicPrompt(index=i, ref=part.dynamic_ref,
+                                                     context_id=getattr(part, "context_id", None))  # 2.68+
                                        for i, part in enumerate(system_parts) if part.dynamic_ref])
     raise AssertionError("the probing run ended without a model request")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelRequestPart, SystemPromptPart
 
@@ -27,8 +28,21 @@ def opening_parts(spec: AgentSpec, now: datetime) -> list[ModelRequestPart]:
     for index, content in enumerate(spec.system_prompts):
         prompt = dynamic.get(index)
         parts.append(SystemPromptPart(content, timestamp=now) if prompt is None else
-                     SystemPromptPart(content, timestamp=now, dynamic_ref=prompt.ref, context_id=prompt.context_id))
+                     _dynamic_part(content, now, prompt.ref, prompt.context_id))
     return parts
+
+
+def _dynamic_part(content: str, now: datetime, ref: str, context_id: str | None,
+                  metadata: Any = None) -> SystemPromptPart:
+    """A dynamic prompt's part, with `context_id` only when set.
+
+    pydantic-ai before 2.68 has no such field, nor `on_change='append'`, which is what sets it: there the parts are
+    built as that release builds them.
+    """
+    if context_id is None:
+        return SystemPromptPart(content, timestamp=now, dynamic_ref=ref, metadata=metadata)
+    return SystemPromptPart(content, timestamp=now, dynamic_ref=ref, metadata=metadata,  # type: ignore[call-arg,unused-ignore]
+                            context_id=context_id)
 
 
 def revalued(spec: AgentSpec, messages: list[ModelMessage], now: datetime) -> list[SystemPromptPart]:
@@ -52,11 +66,10 @@ def revalued(spec: AgentSpec, messages: list[ModelMessage], now: datetime) -> li
                 if prompt.context_id is not None:
                     latest[prompt.ref] = part
                 else:
-                    part = SystemPromptPart(spec.system_prompts[prompt.index], timestamp=now, dynamic_ref=prompt.ref,
-                                            metadata=part.metadata, context_id=prompt.context_id)
+                    part = _dynamic_part(spec.system_prompts[prompt.index], now, prompt.ref, prompt.context_id,
+                                         part.metadata)
             parts.append(part)
         if parts != message.parts:
             messages[index] = replace(message, parts=parts)
-    return [SystemPromptPart(spec.system_prompts[prompts[ref].index], timestamp=now, dynamic_ref=ref,
-                             context_id=prompts[ref].context_id)
+    return [_dynamic_part(spec.system_prompts[prompts[ref].index], now, ref, prompts[ref].context_id)
             for ref, part in latest.items() if spec.system_prompts[prompts[ref].index] != part.content]
