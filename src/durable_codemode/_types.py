@@ -605,6 +605,12 @@ class OutputInput:
     """Output retries used so far (`ctx.retry` of output validators; past the budget the run fails)."""
     deps: Any = None
     model_settings: dict[str, Any] | None = None
+    output_fingerprint: str | None = None
+    """The run's recorded output (`AgentSpec.output`) as `_fingerprints.OutputShape.fingerprint`: a worker whose
+    agent's output differs refuses, by name, an answer its output rejects (the model was offered the recorded one,
+    so asking it again cannot help). `None` in inputs recorded before the field: checked as they were."""
+    output_summary: str | None = None
+    """The recorded output in words (`OutputShape.summary`), for that refusal."""
 
 
 @dataclass

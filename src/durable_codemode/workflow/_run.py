@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._decisions import batch_of, decision_of
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
+    from .._fingerprints import recorded_output
     from .._names import (
         AFTER_RUN_ACTIVITY,
         CHILD_APPROVALS_SIGNAL,
@@ -655,12 +656,14 @@ class CodeModeRunWorkflow:
         false; past them, or on another final failure, the run fails with pydantic-ai's message, not retried.
         """
         assert self._spec is not None
+        shape = recorded_output(self._spec.output)
         run_here = {id(c) for c in functions}
         candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
             OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
-                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings),
+                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings,
+                        output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
             summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
         )
