@@ -69,8 +69,13 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
     from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
-    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (1, 1)
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (2, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
+    # From behaviour version 2, a call an approval rule gates records this marker; a replay reads it.
+    from durable_codemode._types import RECORDED_RULE_VERDICTS
+
+    assert RECORDED_RULE_VERDICTS == 2
+    assert _names.approval_verdict_marker(3, "call_0.1") == "durable-codemode.approval.3.call_0.1"
     assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
     assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"
     at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)

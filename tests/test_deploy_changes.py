@@ -7,7 +7,12 @@ The new worker holds no cached run, so it rebuilds the run from its history firs
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +20,7 @@ from pydantic import BaseModel
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 
 from durable_codemode import (
     CodeModeAgent,
@@ -26,7 +31,12 @@ from durable_codemode import (
     wait_for_approvals,
 )
 from durable_codemode._names import MODEL_REQUEST_ACTIVITY
-from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker
+from durable_codemode.debugging import register_agents, render_replay, replay_histories
+from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+
+from . import _rules_worker
+
+HISTORIES = Path(__file__).parent / "histories"
 
 
 class City(BaseModel):
@@ -87,10 +97,8 @@ async def across_a_deploy(client: Client, old: CodeModeAgent, new: CodeModeAgent
         (pending,) = await wait_for_approvals(client, handle.id)
     async with running_worker(client, [new], task_queue=tq, unsigned_approvals=True):
         await decide(client, handle.id, pending.call_id, approved=True, approver="ana")
-        try:
+        with contextlib.suppress(WorkflowFailureError):  # each test reads the result (or failure) itself
             await handle.result()
-        except WorkflowFailureError:
-            pass
     return handle
 
 
@@ -151,3 +159,113 @@ async def test_a_compatible_output_change_accepts_the_answer(client: Client) -> 
     assert [output_tools(i) for i in seen] == [[("final_result", ["city"])]]
     await replay(handle)
 
+
+
+# -- approval rules: each verdict is recorded when its call is made ----------------------------------------------
+
+TRANSFERS = """
+import asyncio
+first = await asyncio.gather(*(transfer(order=o, cents=c) for o, c in [('S', 500), ('L', 50_000)]))
+later = await transfer(order='M', cents=20_000)
+[first, later]
+"""
+
+RULES: dict[str, Callable[[dict[str, Any]], bool] | None] = {
+    "old": lambda args: args["cents"] > 10_000,
+    "raised": lambda args: args["cents"] > 100_000,  # M no longer needs approval
+    "dropped": None,  # the new worker's agent has no rule: the run's later ruled call waits for a person
+    "broken": lambda args: args["amount"] > 1,  # raises KeyError: the call waits for a person
+}
+
+
+def ruled_agent(name: str, rule: Callable[[dict[str, Any]], bool] | None, ran: list[str]) -> CodeModeAgent:
+    inner = Agent(scripted_model(RunCode(TRANSFERS), lambda m: json.dumps(last_result(m))), name=name)
+
+    @inner.tool_plain
+    def transfer(order: str, cents: int) -> str:
+        """Move `cents` for `order`."""
+        ran.append(order)
+        return f"moved {cents} for {order}"
+
+    return CodeModeAgent(inner, tool_options={"transfer": ToolOptions(approval_rule=rule)} if rule else {})
+
+
+def markers(history: Any, prefix: str) -> list[str]:
+    found = []
+    for event in history.events:
+        attrs = event.marker_recorded_event_attributes
+        if event.HasField("marker_recorded_event_attributes") and "patch-data" in attrs.details:
+            patch = json.loads(attrs.details["patch-data"].payloads[0].data)["id"]
+            if patch.startswith(prefix):
+                found.append(patch)
+    return found
+
+
+@pytest.mark.parametrize("new_rule", ["raised", "dropped", "broken"])
+async def test_a_rule_changed_while_a_run_waits_leaves_its_recorded_verdicts_alone(client: Client,
+                                                                                   new_rule: str) -> None:
+    # Before, the new worker asked the changed rule again while it replayed the run: the decision's workflow task
+    # failed with TMPRL1100 (or "does not know it" for a dropped rule) and the run wedged until the old worker came
+    # back. Now the verdict of L is read from the history; the rule as the new worker has it judges only M, made
+    # after the deploy (a rule it lacks, or one that raises, sends M to a person). Every workflow task replays the
+    # run (no cache), so each one reads the recorded verdicts.
+    name = f"rules-{new_rule}-{os.urandom(3).hex()}"
+    ran: list[str] = []
+    tq = new_task_queue("deploy")
+    async with running_worker(client, [ruled_agent(name, RULES["old"], ran)], task_queue=tq,
+                              unsigned_approvals=True):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        (waiting,) = await wait_for_approvals(client, handle.id)
+        assert (waiting.call_id, waiting.args) == ("call_0.1", {"order": "L", "cents": 50_000})
+    async with running_worker(client, [ruled_agent(name, RULES[new_rule], ran)], task_queue=tq,
+                              unsigned_approvals=True, max_cached_workflows=0):
+        await decide(client, handle.id, "call_0.1", approved=True, approver="ana")
+        if new_rule != "raised":  # M waits for a person: the safe verdict when the rule is gone or raises
+            (later,) = await wait_for_approvals(client, handle.id)
+            assert later.args == {"order": "M", "cents": 20_000}
+            await decide(client, handle.id, later.call_id, approved=True, approver="ana")
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert json.loads(result.output)["result"] == [["moved 500 for S", "moved 50000 for L"], "moved 20000 for M"]
+    assert sorted(ran) == ["L", "M", "S"]
+    history = await handle.fetch_history()
+    assert not [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    gated = ["durable-codemode.approval.2.call_0.1"] + (["durable-codemode.approval.3.call_0.2"]
+                                                         if new_rule != "raised" else [])
+    assert markers(history, "durable-codemode.approval.") == gated  # only gated calls record a marker
+    # The replay reads the verdicts: it needs no rule, so an agent of that name without one replays it too.
+    register_agents([ruled_agent(name, None, [])])
+    await replay(handle)
+
+
+async def test_a_run_recorded_before_verdicts_were_recorded_replays_with_its_rule_and_names_a_changed_one() -> None:
+    # `behavior_version_1_rule.json` (recorded by main before this release): refunds S and L, L over the rule's
+    # 10,000 cents and approved. Such a run asks its rule on every replay: with the rule as it was it replays; a
+    # changed rule is named as the cause, and a dropped one is told apart from a replay given no agents at all.
+    text = (HISTORIES / "behavior_version_1_rule.json").read_text()
+
+    async def replayed(rule: Callable[[dict[str, Any]], bool] | None) -> str:
+        register_agents([ruled_refunds(rule)])
+        return render_replay(await replay_histories([WorkflowHistory.from_json("v1-rule", text)]))
+
+    assert ": ok, 2 model turns, 1 snippet, 2 nested calls" in await replayed(lambda a: a["cents"] > 10_000)
+    raised = await replayed(lambda a: a["cents"] > 100_000)
+    assert "DIVERGED" in raised and "the approval rule of refund() changed since this run started" in raised
+    assert 'call call_0.1 refund(order="L", cents=50000) needs no approval by the rule given to this replay, but ' \
+           "waited for a person when it ran" in raised
+    lowered = await replayed(lambda a: a["cents"] > 1)
+    assert 'call call_0.0 refund(order="S", cents=500) needs approval by the rule given to this replay, but ran ' \
+           "without one when it ran" in lowered
+    dropped = await replayed(None)
+    assert "no approval rule for refund() any more" in dropped and "pass --worker MODULE" not in dropped
+
+
+def ruled_refunds(rule: Callable[[dict[str, Any]], bool] | None) -> CodeModeAgent:
+    """`tests/_rules_worker`'s agent with another rule (or none)."""
+    inner = Agent(scripted_model(RunCode("unused"), "unused"), name=_rules_worker.NAME)
+
+    @inner.tool_plain
+    def refund(order: str, cents: int) -> str:
+        """Refund an order."""
+        return f"refunded {order}"
+
+    return CodeModeAgent(inner, tool_options={"refund": ToolOptions(approval_rule=rule)} if rule else {})

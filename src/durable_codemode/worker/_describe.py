@@ -49,6 +49,7 @@ from ._capabilities import probing, run_before_run
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, schema_digest
 from ._probe import PROBE_PROFILE, Probed, RawProbeModel
+from ._rules import rule_fingerprint
 
 if TYPE_CHECKING:
     from ._agent import CodeModeAgent
@@ -197,6 +198,8 @@ def _tool_specs(durable: CodeModeAgent, tools: Tools, authority: ApprovalAuthori
                               retry_policy=options.retry_policy, local=options.local,
                               requires_approval=requires_approval,
                               approval_rule=options.approval_rule is not None,
+                              rule_fingerprint=(rule_fingerprint(options.approval_rule)
+                                                if options.approval_rule is not None else None),
                               approval_timeout=options.approval_timeout,
                               heartbeat_timeout=options.heartbeat_timeout,
                               approvers=_approvers(durable.name, tool_name, options, authority,

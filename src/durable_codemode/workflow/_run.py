@@ -68,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SEAL_REPL_ACTIVITY,
         STREAM_INFO_QUERY,
         WORKFLOW_TYPE,
+        approval_verdict_marker,
         tool_activity_id,
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview, printable
@@ -76,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
+        RECORDED_RULE_VERDICTS,
         AfterRunInput,
         AgentSpec,
         CallRecord,
@@ -96,7 +98,7 @@ with workflow.unsafe.imports_passed_through():
         behavior_version_refusal,
         bound_turns,
     )
-    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
+    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for, rule_verdict
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
     from ._event_stream import RunEventStream, StreamInfo
@@ -217,6 +219,8 @@ class CodeModeRunWorkflow:
         self._started_by: str | None = None
         self._batcher: ToolBatcher | None = None
         """Batches of calls to `ToolOptions(batch=True)` tools, made when the run knows its agent (`run`)."""
+        self._ruled_calls = 0
+        """Calls to tools with an approval rule so far in this workflow run (`approval_verdict_marker`)."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -770,7 +774,7 @@ class CodeModeRunWorkflow:
         self._usage.tool_calls += 1
         wait = None
         pending = None
-        if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
+        if spec.requires_approval or (spec.approval_rule and self._gated_by_rule(tool, call_id, args)):
             now = workflow.now()
             pending = PendingApproval(
                 call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
@@ -786,6 +790,28 @@ class CodeModeRunWorkflow:
         if pending is not None:  # told after the call itself, which it belongs to
             self._progress.approval_waiting(pending, policy=spec.approvers.describe() if spec.approvers else None)
         return call
+
+    def _gated_by_rule(self, tool: str, call_id: str, args: dict[str, Any]) -> bool:
+        """Whether `tool`'s approval rule sends this call to a person: decided once, live, and recorded.
+
+        Live, the rule is asked (`rule_verdict`) and a call it gates records a marker (`approval_verdict_marker`);
+        a replay reads the marker instead of asking the rule, so a deploy that changes or drops the rule never
+        changes an old run's replay, and a replay needs no rule. Runs recorded before (behaviour version 1) ask the
+        rule on every replay, as they ran.
+        """
+        assert self._spec is not None
+        if self._spec.behavior_version < RECORDED_RULE_VERDICTS:
+            return approval_rule(self._spec.agent, tool)(args)
+        self._ruled_calls += 1
+        marker = approval_verdict_marker(self._ruled_calls, call_id)
+        if workflow.unsafe.is_replaying():
+            return workflow.patched(marker)
+        gated, why = rule_verdict(self._spec.agent, tool, args)
+        if why is not None:
+            workflow.logger.warning("run %s, call %s: %s", workflow.info().workflow_id, call_id, why)
+        if gated:
+            workflow.patched(marker)
+        return gated
 
     async def _call_tool(
         self, spec: ToolSpec, args: dict[str, Any], call_id: str,
