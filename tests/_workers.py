@@ -93,6 +93,14 @@ class WorkerProcess:
         if self.dead_at is None:
             self.dead_at = time.time()
 
+    def terminate(self) -> None:
+        """SIGTERM the worker process alone, as a deploy asks a worker to stop; returns at once.
+
+        Kubernetes signals a container's main process; the worker's sandbox processes are its own to stop.
+        """
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+
     def tail(self, lines: int = 30) -> str:
         """The end of its log, for failure messages."""
         try:

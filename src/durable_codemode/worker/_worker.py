@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
 
 __all__ = [
+    "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT",
     "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",
     "DEFAULT_TASK_QUEUE",
     "CodeModePlugin",
@@ -64,6 +65,15 @@ Workflow activations are Python under one GIL, and each must yield within Tempor
 that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
 passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
 With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
+
+DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
+"""How long a stopping worker (SIGTERM, Ctrl-C, the end of `async with worker`) lets its in-flight activities finish.
+
+Temporal's default is 0: a tool call running when its worker was told to stop was cancelled and run again by
+another worker, so a routine restart repeated its effect (measured: a deposit running during a SIGTERM ran twice,
+once on each worker). With 30 s, long enough for a typical tool call, the call finishes and its result is
+recorded, and the worker exits. A call still running after it is cancelled and retried elsewhere, as is one lost
+with a killed worker: tools with side effects must honour `current_call().idempotency_key` for those."""
 
 _PAYLOAD_TYPES = (RunInput, RunResult, AgentSpec, ModelResponse, ToolCallInput, ModelRequestInput, SealRequest,
                   SealResult, ApprovalDecision, BatchDecision)
@@ -150,6 +160,7 @@ def create_worker(
     approver_keys: ApproverKeyring | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     approver_directory: DirectorySource | None = None,
     unsigned_approvals: bool = False,
+    graceful_shutdown_timeout: timedelta = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -171,6 +182,10 @@ def create_worker(
             function of the group name, or a JSON file; read when a run starts, and recorded with it.
         unsigned_approvals: for local development only: decisions need no signature (each record says it was not
             signed). Without it or `approver_keys`, a run with calls that need approval fails at its first step.
+        graceful_shutdown_timeout: how long the worker, once told to stop, lets its in-flight activities (tool
+            calls, model requests) finish before it cancels them; default 30 s
+            (`DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT`), Temporal's own default being 0. A call that finishes in time is
+            recorded and never runs again; one cut off is retried on another worker (idempotency keys).
         tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (see
             docs/observability.md). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
@@ -247,5 +262,6 @@ def create_worker(
         workflows=[CodeModeRunWorkflow],
         activities=activities.all(),
         plugins=plugins,
+        graceful_shutdown_timeout=graceful_shutdown_timeout,
         **worker_options,
     )
