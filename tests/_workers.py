@@ -203,6 +203,22 @@ class WorkerFleet:
         return {w.identity: w for w in self.started if w.live}
 
 
+async def start_worker_process(module: str, args: list[str], *, identity: str, logs: Path,
+                               ready: str = READY, timeout: float = 60.0) -> WorkerProcess:
+    """Start `python -m module args...` in its own process group; return once it prints a line starting `ready`.
+
+    For worker modules other than the ledger worker (`tests._deploy_agents`); the caller kills what it started
+    (`WorkerProcess.kill`), also when the test fails.
+    """
+    log = logs / f"{identity}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    worker = WorkerProcess(proc, identity, log, live=True)
+    await WorkerFleet._wait_for_line(worker, ready, time.monotonic() + timeout)
+    return worker
+
+
 @asynccontextmanager
 async def worker_fleet(client: Client, address: str, task_queue: str, tmp: Path, *, sticky: float = 3.0,
                        max_processes: int = 24, tool_timeout: float = 5.0,

@@ -39,7 +39,7 @@ from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
 from .._types import RECORDED_RULE_VERDICTS, behavior_version_refusal
 from ..worker._agent import CodeModeAgent
-from ..workflow._approval_state import RULE_GONE, serve, served_agents
+from ..workflow._approval_state import RULE_GONE, serve, served_agent, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
 from ._events import RecordedActivity, RecordedRun, read_run
 from ._fetch import fetch_chain, fetch_history
@@ -52,6 +52,7 @@ __all__ = [
     "Divergence",
     "ReplayReport",
     "RunReplay",
+    "import_agents",
     "load_agents",
     "register_agents",
     "render_replay",
@@ -233,6 +234,12 @@ def load_agents(module_name: str) -> list[str]:
             "them, module-level agents, or call durable_codemode.debugging.register_agents(...) in it"
         )
     return names
+
+
+def import_agents(module_name: str) -> list[CodeModeAgent]:
+    """The agents `module_name` defines (as `load_agents` finds and registers them), for checks that read them."""
+    found = [served_agent(name) for name in load_agents(module_name)]
+    return [a for a in found if isinstance(a, CodeModeAgent)]
 
 
 # -- analysis ------------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from .._names import call_digest, call_fingerprint
 from .._signing import ApproverKeyring, legacy_signing_payload, signing_payload
 
 __all__ = ["RULE_GONE", "RULE_UNKNOWN", "ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule",
-           "denial_message", "keyring_for", "rule_verdict", "serve", "serve_keyring", "served_agents"]
+           "denial_message", "keyring_for", "rule_verdict", "serve", "serve_keyring", "served_agent", "served_agents"]
 
 
 class ApprovalRuleSource(Protocol):
@@ -112,6 +112,11 @@ def serve(agent: ApprovalRuleSource) -> None:
 def served_agents() -> set[str]:
     """The names of the agents workflow code in this process knows."""
     return set(_SERVED)
+
+
+def served_agent(name: str) -> ApprovalRuleSource | None:
+    """The agent called `name` that workflow code in this process knows, if any."""
+    return _SERVED.get(name)
 
 
 _KEYRINGS: dict[str, ApproverKeyring] = {}

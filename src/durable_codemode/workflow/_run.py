@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
@@ -107,7 +107,7 @@ with workflow.unsafe.imports_passed_through():
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
     from ._system_prompts import opening_parts, revalued
 
-__all__ = ["CodeModeRunWorkflow"]
+__all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]
 
 _MODEL_TIMEOUT = timedelta(minutes=5)
 _MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
@@ -198,7 +198,10 @@ def _tool_error(tool: str, error: ActivityError) -> Settled:
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class CodeModeRunWorkflow:
-    """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`."""
+    """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`.
+
+    Workers of a Worker Deployment serve it as `PinnedCodeModeRunWorkflow`, the same workflow declared pinned.
+    """
 
     @workflow.init
     def __init__(self, input: RunInput) -> None:
@@ -984,3 +987,24 @@ class CodeModeRunWorkflow:
                 "there. Keep fewer or smaller files (the agent's operator can give the workers a payload store: "
                 "CODEMODE_PAYLOAD_STORE).")
         return self._files.carry(), None
+
+
+@workflow.defn(name=WORKFLOW_TYPE, versioning_behavior=VersioningBehavior.PINNED)
+class PinnedCodeModeRunWorkflow(CodeModeRunWorkflow):
+    """The run workflow as the workers of a Worker Deployment serve it (`create_worker(deployment=...)`): pinned.
+
+    A run stays on the version whose workers started it (its continue-as-new runs and child runs too, which inherit
+    it) until it ends or is moved (`client/_deploys.move_run`): its recorded spec, rules and stubs belong to that
+    version's code. Temporal's AUTO_UPGRADE would move a paused run onto new code at its next workflow task,
+    unchecked. A class of its own because temporalio 1.35 refuses a workflow that declares a versioning behaviour on
+    a worker without worker versioning ("versioning behavior cannot be specified without deployment options"), so
+    unversioned workers (and replays) serve `CodeModeRunWorkflow`, the same workflow type.
+    """
+
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        super().__init__(input)
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunResult[Any]:
+        return await super().run(input)
