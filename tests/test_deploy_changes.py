@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -23,16 +24,21 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 
 from durable_codemode import (
+    ApproverKeyring,
+    ApproverPolicy,
     CodeModeAgent,
     SnippetLimits,
     ToolOptions,
+    create_worker,
     decide,
+    generate_approver_key,
     start_run,
     wait_for_approvals,
 )
 from durable_codemode._names import MODEL_REQUEST_ACTIVITY
-from durable_codemode.debugging import register_agents, render_replay, replay_histories
+from durable_codemode.debugging import list_runs, register_agents, render_replay, replay_histories
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._waiting_runs import check_waiting_runs
 
 from . import _rules_worker
 
@@ -269,3 +275,51 @@ def ruled_refunds(rule: Callable[[dict[str, Any]], bool] | None) -> CodeModeAgen
         return f"refunded {order}"
 
     return CodeModeAgent(inner, tool_options={"refund": ToolOptions(approval_rule=rule)} if rule else {})
+
+
+# -- approver keys: a worker says at start which waiting runs it cannot approve --------------------------------------
+
+KEYS = {name: generate_approver_key(name) for name in ("ana", "bob")}
+
+
+def keyring(*names: str) -> dict[str, Any]:
+    return {KEYS[n].key_id: KEYS[n].public_entry() for n in names}
+
+
+async def test_a_worker_without_a_key_a_waiting_run_needs_says_so_when_it_starts(
+        client: Client, caplog: pytest.LogCaptureFixture) -> None:
+    name = f"keys-{os.urandom(3).hex()}"
+    inner = Agent(scripted_model(RunCode("await refund(order='A', cents=5)"), "done"), name=name)
+
+    @inner.tool_plain
+    def refund(order: str, cents: int) -> str:
+        """Refund `cents` on `order`."""
+        return "refunded"
+
+    durable = CodeModeAgent(inner, tool_options={"refund": ToolOptions(
+        requires_approval=True, approvers=ApproverPolicy(approvers=("ana", "bob"), required=2))})
+    tq = new_task_queue("keys")
+    async with running_worker(client, [durable], task_queue=tq, approver_keys=keyring("ana", "bob")):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        await wait_for_approvals(client, handle.id)
+    for _ in range(100):  # visibility is eventually consistent: the run is listed as waiting
+        if [r for r in await list_runs(client, status="waiting", query=f"TaskQueue = '{tq}'") if r.workflow_id
+                == handle.id]:
+            break
+        await asyncio.sleep(0.1)
+    with caplog.at_level(logging.WARNING, logger="durable_codemode.worker"):
+        worker = create_worker(client, [durable], task_queue=tq, approver_keys=keyring("ana"))
+        async with worker:
+            problems = await check_waiting_runs(client, tq, ApproverKeyring.of(keyring("ana")))
+            deadline = asyncio.get_running_loop().time() + 30
+            while "need approver keys this worker does not hold" not in caplog.text:  # the start's own check
+                assert asyncio.get_running_loop().time() < deadline, caplog.text
+                await asyncio.sleep(0.05)
+    assert [(run, p.tool, p.missing, p.severity) for run, p in problems] == [(handle.id, "refund", ("bob",), "error")]
+    assert f"run {handle.id} waits for approval, and this worker cannot approve it all: refund() calls need 2 " \
+           "distinct approvals from ana, bob; no key is held for bob, so none can be approved" in caplog.text
+    assert f"1 run(s) waiting on task queue {tq!r} need approver keys this worker does not hold (bob): " \
+           f"{handle.id}" in caplog.text
+    # A worker with both keys has nothing to say.
+    assert await check_waiting_runs(client, tq, ApproverKeyring.of(keyring("ana", "bob"))) == []
+    await handle.terminate("the test is done")

@@ -40,6 +40,7 @@ from ..client._deploys import VERSION_KEY
 from ..worker._agent import CodeModeAgent
 from ..worker._describe import describe_for_check
 from ..worker._rules import rule_fingerprint
+from ..worker._waiting_runs import key_problems
 from ._events import read_run
 from ._fetch import fetch_history
 
@@ -225,31 +226,12 @@ def _rule_findings(tool: ToolSpec, spec: AgentSpec, agent: CodeModeAgent) -> lis
 
 
 def _key_findings(spec: AgentSpec, keyring: ApproverKeyring | None) -> list[Finding]:
-    if keyring is None or not spec.signed_approvals:
+    if keyring is None:
         return []
-    findings = []
-    held = set(keyring.approvers())
-    for tool in spec.tools:
-        if not (tool.requires_approval or tool.approval_rule):
-            continue
-        policy = tool.approvers
-        if policy is None:
-            if not held:
-                findings.append(Finding(severity="error", subject="approver keys", what=(
-                    f"the run takes only signed decisions, and the new workers hold no approver key: no {tool.name}() "
-                    "call it waits on can be approved (give the workers the approvers' public keys)")))
-            continue
-        missing = [a for a in policy.approvers if a not in held]
-        if not missing:
-            continue
-        able = [a for a in policy.approvers if a in held]
-        severity: Severity = "error" if len(able) < policy.required else "warning"
-        what = (f"{tool.name}() calls need {policy.describe()}; the new workers hold no key for "
-                f"{', '.join(missing)}")
-        what += (": such calls can never be approved there" if severity == "error"
-                 else f" ({len(able)} of the approvers keep one, enough for {policy.required})")
-        findings.append(Finding(severity=severity, subject="approver keys", what=what))
-    return findings
+    return [Finding(severity=p.severity, subject="approver keys", what=(
+        p.what.replace("no key is held", "the new workers hold no key").replace(
+            "no approver key is held", "the new workers hold no approver key")))
+        for p in key_problems(spec, keyring)]
 
 
 def compare_specs(old: AgentSpec, new: AgentSpec, agent: CodeModeAgent,

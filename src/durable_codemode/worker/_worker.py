@@ -36,6 +36,7 @@ from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._mcp import McpServers
 from ._seal import repl_key_from_env
+from ._waiting_runs import start_check
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
@@ -217,6 +218,8 @@ def create_worker(
             it. A decision is accepted only with a valid, unexpired signature by the key of the approver it names.
         approver_directory: the members of the groups that `ApproverPolicy` names (`group:finance`): a mapping, a
             function of the group name, or a JSON file; read when a run starts, and recorded with it.
+            As it starts, the worker reads the runs waiting for approval on its task queue and logs a warning for
+            each whose approvers it holds no key for (which run, which tool, which keys: `_waiting_runs`).
         unsigned_approvals: for local development only: decisions need no signature (each record says it was not
             signed). Without it or `approver_keys`, a run with calls that need approval fails at its first step.
         graceful_shutdown_timeout: how long the worker, once told to stop, lets its in-flight activities (tool
@@ -289,6 +292,7 @@ def create_worker(
                                      name="durable-codemode idle sandbox shutdown")
         told = asyncio.create_task(_tell_whether_current(client, version), name="durable-codemode version check") \
             if version is not None else None
+        keys = start_check(client, task_queue, keyring, version)
         try:
             async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
                 yield
@@ -296,6 +300,7 @@ def create_worker(
             shrink.cancel()
             if told is not None:
                 told.cancel()
+            keys.cancel()
             POOL.reserve_task_slots(-slots)
             close_repls(task_queue)
 
