@@ -317,7 +317,7 @@ async def check_deploy(client: Client, agents: Sequence[CodeModeAgent], *, query
 
     Args:
         client: The server's client.
-        agents: The new code's agents (`load_agents(MODULE)` registers a module's).
+        agents: The new code's agents (`import_agents(MODULE)` gives a module's).
         query: Narrows the open runs checked.
         limit: At most this many runs, newest first.
         keyring: The approver keys the new workers will hold; `None`: keys are not checked.
