@@ -204,6 +204,25 @@ async def test_a_runaway_fails_its_snippet_and_the_repl_is_as_before(client: Cli
     assert "NameError" in snippets[3].result  # what the runaway assigned is not
 
 
+@pytest.mark.timeout(120)
+async def test_a_runaway_inside_one_builtin_is_the_runaway_at_its_limit(client: Client) -> None:
+    """Monty cannot check its clock inside `10 ** (10 ** 8)`: its process is killed at the limit (plus its grace).
+
+    That is the runaway, told as one, not a failed sandbox process tried again on a fresh one (which computed the
+    same power all over, for twice the limit, and then told the model its process failed).
+    """
+    limits = SnippetLimits(max_compute_seconds=2)
+    result, handle = await run(client, RunCode("x = 10 ** (10 ** 8)\nx % 7"),
+                               lambda m: RunCode(f"seen = {last_result(m)['error']!r}\n0"), echo, limits=limits)
+    snippets = [s for t in result.turns for s in t.snippets]
+    assert [s.outcome for s in snippets] == ["error", "ok"]
+    told = snippets[1].code
+    assert "more than 2 s" in told and "runaway" in told, told
+    assert "process failed" not in told, told
+    computed = _compute_activities(await handle.fetch_history())
+    assert computed == ["call_0.compute.0"], computed  # one compute activity: it ended the snippet
+
+
 async def test_a_killed_worker_mid_compute_is_retried_on_another(env: WorkflowEnvironment, tmp_path: Path) -> None:
     client = env.client
     task_queue = new_task_queue("compute-kill")

@@ -547,3 +547,25 @@ async def test_a_run_without_model_deltas_publishes_each_part_whole_and_no_signa
     history = await handle.fetch_history()
     assert not any(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events)
     await replay(handle)
+
+
+async def test_codemode_watch_stops_where_a_child_run_waits_for_a_person(client: Client) -> None:
+    from .test_child_runs import PROGRAM, extraction, search
+    from .test_debugging import address, codemode
+
+    suffix = os.urandom(3).hex()
+    child = extraction(f"xwatch{suffix}", approval=True)
+    parent = CodeModeAgent(search(f"swatch{suffix}", child, PROGRAM.format(child=f"xwatch{suffix}")))
+    tq = new_task_queue()
+    async with running_worker(client, [parent, child], task_queue=tq, unsigned_approvals=True):
+        handle = await start_run(client, parent, "Find the cheapest flight", task_queue=tq, stream=True)
+        rc, out, err = await codemode("watch", handle.id, address=address(client))
+        child_id = f"{handle.id}/call_0.0"
+        assert rc == 3, (rc, out, err)  # waiting, in the child: it says where to decide
+        assert f"  ↳ call_0.0 started child run {child_id} (agent xwatch{suffix}): codemode watch {child_id}" in out
+        assert f"codemode approve {child_id} call_0.0" in out, out
+        await decide(client, child_id, "call_0.0", approved=True, approver="ana")
+        result = await handle.result()
+    assert result.output == "cheapest: LA101"
+    await replay(handle)
+    await replay(client.get_workflow_handle(child_id))

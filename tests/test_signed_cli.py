@@ -116,3 +116,6 @@ async def test_codemode_dev_reads_the_approvers_from_the_environment(tmp_path: P
     async with serving("dev", "--db", str(tmp_path / "dev.sqlite"), "--port", str(_free_port()),
                        folder=tmp_path) as lines:
         assert lines[-1].startswith("approvals: unsigned decisions accepted (local dev server)"), lines
+        # codemode's page is served too, deciding unsigned as $USER (the dev server takes unsigned decisions).
+        page = [line for line in lines if line.startswith("codemode's page (watch runs, decide approvals, as ")]
+        assert len(page) == 1 and "http://127.0.0.1:" in page[0] and "/?token=" in page[0], lines

@@ -121,9 +121,8 @@ async def _follow(client: Client, workflow_id: str, run_id: str | None, *, json_
         return EXIT_OK
     if outcome.state == "waiting":
         say(f"run {workflow_id} waits for approval of {len(outcome.pending)} call(s); decide with:")
-        run = printable(workflow_id)
         for p in outcome.pending:
-            call = printable(p.call_id)
+            run, call = printable(p.run_id or workflow_id), printable(p.call_id)  # a child's call: on the child
             say(f"  codemode approve {run} {call}    # or: codemode deny {run} {call} --note ...")
         say(f"then follow it again: codemode watch {workflow_id}")
         return EXIT_WAITING

@@ -185,12 +185,7 @@ async def dev_command(args: argparse.Namespace) -> int:
         say(f"Temporal dev server at {address}, runs kept in {db.expanduser()}")
         if args.ui:
             say(f"Temporal's web UI at http://127.0.0.1:{args.port + 1000}")
-        page = None
-        if not args.no_page:
-            # The dev server takes unsigned decisions (unless keys are given): the page decides as $USER then.
-            access = UIAccess() if approvers.key_files else UIAccess(approver=os.environ.get("USER") or "dev")
-            page = asyncio.create_task(serve_ui(client, port=args.page_port, access=access, announce=lambda url: say(
-                f"codemode's page (watch runs, decide approvals, as {access.name or 'read-only'}): {url}")))
+        page = None if args.no_page else await _page(client, args.page_port, approvers)
         _how_to_run(address, DEFAULT_TASK_QUEUE)
         try:
             await _serve(client, agents, DEFAULT_TASK_QUEUE, local=True, approvers=approvers)
@@ -198,6 +193,23 @@ async def dev_command(args: argparse.Namespace) -> int:
             if page is not None:
                 page.cancel()
     return EXIT_OK
+
+
+async def _page(client: Client, port: int, approvers: ApproverSettings) -> asyncio.Task[None] | None:
+    """Serve codemode's page beside the dev server (its address printed), or say why it is not served."""
+    # The dev server takes unsigned decisions (unless keys are given): the page decides as $USER then.
+    access = UIAccess() if approvers.key_files else UIAccess(approver=os.environ.get("USER") or "dev")
+    ready = asyncio.Event()
+    page = asyncio.create_task(serve_ui(client, port=port, access=access, ready=ready, announce=lambda url: say(
+        f"codemode's page (watch runs, decide approvals, as {access.name or 'read-only'}): {url}")))
+    listening = asyncio.create_task(ready.wait())
+    await asyncio.wait({page, listening}, return_when=asyncio.FIRST_COMPLETED)
+    listening.cancel()
+    if page.done():  # it could not start (the port is taken): the server and worker go on without it
+        error = page.exception()
+        say(f"codemode's page is not served: {error} (--page-port PORT, or --no-page)")
+        return None
+    return page
 
 
 async def worker_command(args: argparse.Namespace) -> int:

@@ -71,6 +71,8 @@ class _StreamFollower:
         self.in_flight: set[str] = set()
         self.waiting: set[str] = set()
         """Calls waiting for a decision."""
+        self.children: set[str] = set()
+        """Calls running a child run (which may itself wait for a person)."""
         self._turn = 0
 
     def say(self, text: str) -> None:
@@ -117,8 +119,10 @@ class _StreamFollower:
                 if settled:
                     self.waiting.discard(call_id)
             case ChildRunStartEvent(call_id=call_id, run_id=run_id, agent=agent):
+                self.children.add(call_id)
                 self.say(f"  ↳ {call_id} started child run {run_id} (agent {agent}): codemode watch {run_id}")
             case ChildRunEndEvent(call_id=call_id, run_id=run_id, status=status, error=error):
+                self.children.discard(call_id)
                 self.say(f"  ↳ child run {run_id} {status}" + (f": {preview(error, 200)}" if error else ""))
             case ComputeEscalatedEvent(tool_call_id=snippet_id, reason=reason):
                 self.say(f"  ⚙ {snippet_id} {reason}")
@@ -160,8 +164,12 @@ class _StreamFollower:
 
     @property
     def held_by_people(self) -> bool:
-        """Whether every call in flight waits for a decision (so nothing moves until a person decides)."""
-        return bool(self.waiting) and self.in_flight <= self.waiting
+        """Whether every call in flight may be waiting for a person: for a decision, or in a child run.
+
+        Then, once nothing has moved for a moment, the run is asked what waits (its children's calls included).
+        """
+        maybe = self.waiting | self.children
+        return bool(maybe) and self.in_flight <= maybe
 
 
 async def watch_stream(client: Client, workflow_id: str, *, out: TextIO, progress_every: float = 2.0

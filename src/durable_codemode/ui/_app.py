@@ -33,6 +33,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from importlib import resources
 
 from starlette.applications import Starlette
@@ -48,6 +49,7 @@ from .._errors import (
     RunNotFoundError,
     WorkerUnavailableError,
 )
+from .._names import STREAM_INFO_QUERY
 from .._results import printable
 from ..client._listing import RUN_STATES, list_runs
 from ..client._operations import decide, pending_approvals
@@ -55,6 +57,7 @@ from ..client._signer import ApprovalSigner
 from ..client._stream import RunEventItem, stream_events, streams
 from ..history._read import trace_run
 from ..history._trace import render_trace
+from ..workflow._event_stream import StreamInfo
 from ._views import event_view, pending_view, run_view
 
 __all__ = ["UIAccess", "ui_app"]
@@ -173,7 +176,12 @@ def ui_app(client: Client, *, token: str, access: UIAccess | None = None, hosts:
         agent = request.query_params.get("agent") or None
         status = request.query_params.get("status") or None
         listed = await list_runs(client, agent=agent, status=status, limit=list_limit)
-        return JSONResponse({"runs": [run_view(r) for r in listed]}, headers=_SECURITY_HEADERS)
+        views = [run_view(r) for r in listed]
+        running = [v for v in views if v["state"] in ("running", "waiting for approval")]
+        for view, calls in zip(running, await asyncio.gather(*(_calls(client, v["raw_id"]) for v in running)),
+                               strict=True):
+            view["calls"] = calls
+        return JSONResponse({"runs": views}, headers=_SECURITY_HEADERS)
 
     async def events(request: Request) -> Response:
         run_id = request.path_params["run_id"]
@@ -235,6 +243,16 @@ def ui_app(client: Client, *, token: str, access: UIAccess | None = None, hosts:
         route("/api/runs/{run_id:path}/decisions", decisions, methods=["POST"]),
     ]
     return Starlette(routes=routes)
+
+
+async def _calls(client: Client, run_id: str) -> int | None:
+    """Tool calls a running run has made so far (`None`: no worker answered in a second, or an older one)."""
+    try:
+        info: StreamInfo = await client.get_workflow_handle(run_id).query(
+            STREAM_INFO_QUERY, result_type=StreamInfo, rpc_timeout=timedelta(seconds=1))
+    except Exception:  # no worker, an old worker, a missed deadline: unknown, never fatal to the page
+        return None
+    return info.calls
 
 
 def _offset(text: str | None) -> int | None:

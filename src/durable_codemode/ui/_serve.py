@@ -62,6 +62,14 @@ async def serve_ui(client: Client, *, host: str = "127.0.0.1", port: int = DEFAU
     token = token or secrets.token_urlsafe(24)
     if port == 0:
         port = _free_port(host)
+    else:  # (uvicorn exits the process when it cannot bind: asked first, so the caller gets an error)
+        try:
+            with socket.socket() as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((host, port))
+        except OSError as e:
+            raise CodeModeUserError(f"the page cannot be served on {host}:{port}: {e.strerror or e} (another "
+                                    "program has the port? choose another)") from e
     names = (f"{host}:{port}", f"localhost:{port}", f"127.0.0.1:{port}") if not allow_remote else ()
     config = uvicorn.Config(ui_app(client, token=token, access=access, hosts=names), host=host, port=port,
                             log_level="warning", lifespan="off")

@@ -68,7 +68,7 @@ def run_view(run: RunSummary) -> dict[str, Any]:
     """A row of the runs page."""
     return {"id": _text(run.workflow_id), "raw_id": run.workflow_id, "agent": _text(run.agent or "?"),
             "state": run.state, "started": _when(run.started_at), "closed": _when(run.closed_at),
-            "waiting": run.pending_approvals}
+            "waiting": run.pending_approvals, "calls": None}
 
 
 def pending_view(pending: PendingApproval, *, policy: str | None = None) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class _Stretch:
     def _compute(self, session: MontySession, streams: CollectStreams,
                  result: Callable[..., ComputeResult]) -> ComputeResult:
         request = self._request
+        started = time.monotonic()
         try:
             state = decode_dump(request.state)
             if request.start == "feed":
@@ -125,7 +126,14 @@ class _Stretch:
                 after = None
             return result("error", error=e.display("type-msg"), traceback=e.display(), state=after)
         except MontyCrashedError as e:
-            return result("crashed", error="the attempt was cancelled" if self._killed else str(e))
+            if self._killed:
+                return result("crashed", error="the attempt was cancelled")
+            if time.monotonic() - started >= request.limits.max_compute_seconds:
+                # Inside one builtin (`10 ** (10 ** 8)`) Monty cannot check its clock: the pool kills the process
+                # at the limit plus its grace. That is the runaway at its limit, not a crash to try again (which
+                # would compute it all over, twice the limit, and tell the model of a failed process).
+                return result("runaway", error=f"TimeoutError: time limit exceeded inside one operation ({e})")
+            return result("crashed", error=str(e))
         except MontyError as e:
             return result("crashed", error=f"{type(e).__name__}: {e}")
 

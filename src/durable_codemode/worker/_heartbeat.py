@@ -28,7 +28,8 @@ async def heartbeating(call: Awaitable[_T], details: Callable[[], Sequence[Any]]
     `details`: what each beat carries (read at each beat), for an activity whose retried attempt resumes from its
     last heartbeat (the batch activity's outcomes so far); none by default.
 
-    The SDK throttles and batches heartbeats, so a beat costs no RPC of its own. The beats run on the event loop:
+    No beat until the call has run a third of its timeout, so a short call costs no heartbeat; the SDK throttles
+    and batches the later ones. The beats run on the event loop:
     a synchronous tool runs in a thread (pydantic-ai's `run_in_executor`), so a slow tool keeps beating, while a
     coroutine that blocks the loop stops the beats and is retried as a lost attempt, which is what it looks like.
     """
@@ -37,9 +38,12 @@ async def heartbeating(call: Awaitable[_T], details: Callable[[], Sequence[Any]]
         return await call
 
     async def beat() -> None:
+        # The first beat only once the call has run a third of its timeout: a short call (most tool calls) then
+        # sends none, where a beat at its start cost a heartbeat RPC per call. A dead worker is still noticed in
+        # time: the server counts the heartbeat timeout from the attempt's start until its first beat.
         while True:
-            activity.heartbeat(*(details() if details is not None else ()))
             await asyncio.sleep(timeout.total_seconds() / _BEATS_PER_TIMEOUT)
+            activity.heartbeat(*(details() if details is not None else ()))
 
     beats = asyncio.create_task(beat())
     try:

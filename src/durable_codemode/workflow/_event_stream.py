@@ -120,6 +120,8 @@ class StreamInfo:
     """The offset the next event will have."""
     refused: list[str]
     """The latest publishes refused (a forged or late batch), newest last."""
+    calls: int = 0
+    """Tool calls the run has made so far (its usage's `tool_calls`), for the runs page."""
 
 
 def _decode(wire: str) -> Payload:
@@ -145,6 +147,15 @@ def _cut_part(part: Any) -> Any:
                                   outcome=part.outcome, retry=part.retry)
         return part
     return part
+
+
+def _valid_json(call: ToolCallPart) -> bool:
+    """Whether the call's arguments are a JSON object (the run checks the rest where the call runs)."""
+    try:
+        call.args_as_dict()
+    except ValueError:
+        return False
+    return True
 
 
 class RunEventStream(RunTelemetry):
@@ -354,7 +365,8 @@ class RunEventStream(RunTelemetry):
 
     def tool_calls(self, calls: Sequence[ToolCallPart]) -> None:
         for call in calls:
-            self._publish(FunctionToolCallEvent(_cut_part(call)))
+            # The run goes on to run each (pydantic-ai's `args_valid`: a UI adapter shows a call's input on it).
+            self._publish(FunctionToolCallEvent(_cut_part(call), args_valid=_valid_json(call)))
 
     def tool_returned(self, part: ToolReturnPart) -> None:
         self._publish(FunctionToolResultEvent(_cut_part(part)))

@@ -267,7 +267,7 @@ class CodeModeRunWorkflow:
     @workflow.query(name=STREAM_INFO_QUERY)
     def stream_info(self) -> StreamInfo:
         """Whether the run streams its events, and the offsets its stream keeps (`durable_codemode.stream_events`)."""
-        return self._events.info()
+        return replace(self._events.info(), calls=self._usage.tool_calls)
 
     @workflow.query(name=REJECTED_DECISIONS_QUERY)
     def rejected_decisions(self) -> list[RejectedDecision]:

@@ -87,6 +87,7 @@
           row.appendChild(el("td", null, run.agent));
           row.appendChild(el("td", "state", run.state));
           row.appendChild(el("td", null, run.started ? new Date(run.started).toLocaleString() : ""));
+          row.appendChild(el("td", "calls", run.calls === null || run.calls === undefined ? "" : String(run.calls)));
           row.appendChild(el("td", "waiting", run.waiting ? run.waiting + " call(s)" : ""));
           rows.appendChild(row);
         }
@@ -113,6 +114,7 @@
     const snippets = new Map();   // run_code call id -> {item, calls}
     const calls = new Map();      // nested (or direct) call id -> li
     const answers = new Map();    // "turn:index" -> the answer's text node
+    const policies = new Map();   // call id -> who may decide it (from its approval_wait event)
     let turnList = tree;
     let turn = -1;
     let ended = false;
@@ -192,6 +194,7 @@
           snippetOf(ev.call_id).calls.appendChild(el("li", null)).appendChild(el("pre", "print", ev.text));
           break;
         case "approval_wait": {
+          if (ev.policy) policies.set(ev.raw_call_id, ev.policy);
           const node = callNode(ev.call_id);
           node.className = "call paused";
           const label = el("span", "quiet wait", "  waits for a person" + (ev.policy ? " (" + ev.policy + ")" : ""));
@@ -269,6 +272,8 @@
       item.dataset.call = p.raw_call_id;
       item.appendChild(el("div", "mono", p.call_id + " " + p.tool + "(" + p.args + ")"));
       if (p.code_line) item.appendChild(el("div", "quiet mono", "line " + p.line + ": " + p.code_line));
+      const policy = p.policy || policies.get(p.raw_call_id);
+      if (policy) item.appendChild(el("div", "quiet policy", "who may decide: " + policy));
       if (p.run_id) item.appendChild(el("div", "quiet", "waits in child run " + p.run_id + ": decide it there"));
       if (p.expires) item.appendChild(el("div", "quiet", "denied automatically at "
         + new Date(p.expires).toLocaleString()));
