@@ -93,6 +93,14 @@ class WorkerProcess:
         if self.dead_at is None:
             self.dead_at = time.time()
 
+    def terminate(self) -> None:
+        """SIGTERM the worker process alone, as a deploy asks a worker to stop; returns at once.
+
+        Kubernetes signals a container's main process; the worker's sandbox processes are its own to stop.
+        """
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+
     def tail(self, lines: int = 30) -> str:
         """The end of its log, for failure messages."""
         try:
@@ -193,6 +201,22 @@ class WorkerFleet:
     def by_identity(self) -> dict[str, WorkerProcess]:
         """The workers that polled, by their Temporal identity."""
         return {w.identity: w for w in self.started if w.live}
+
+
+async def start_worker_process(module: str, args: list[str], *, identity: str, logs: Path,
+                               ready: str = READY, timeout: float = 60.0) -> WorkerProcess:
+    """Start `python -m module args...` in its own process group; return once it prints a line starting `ready`.
+
+    For worker modules other than the ledger worker (`tests._deploy_agents`); the caller kills what it started
+    (`WorkerProcess.kill`), also when the test fails.
+    """
+    log = logs / f"{identity}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    worker = WorkerProcess(proc, identity, log, live=True)
+    await WorkerFleet._wait_for_line(worker, ready, time.monotonic() + timeout)
+    return worker
 
 
 @asynccontextmanager

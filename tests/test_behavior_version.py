@@ -1,13 +1,16 @@
-"""One recorded behaviour version: runs of this release replay as they ran; runs of older ones are refused by name.
+"""Recorded behaviour versions: runs of every version this release supports replay as they ran; older ones are refused.
 
 Every run records `AgentSpec.behavior_version` when it starts. A run recorded with a version this release does not
 replay (0.1.0's runs record none: version 0) is refused by a workflow-task failure that names the release that
 replays it, so the run is never failed: it waits, unchanged, for a worker of that release or for someone to end it.
 
-`tests/histories/behavior_version_1.json` is a run of this behaviour version, recorded once by
-`python -m tests.test_behavior_version` (a program that gathers, draws random numbers, reads the clock, sleeps,
-waits for a person's approval and reuses its names in a second snippet); it must replay as long as version 1 is
-supported. The three `before_*.json` histories were recorded by 0.1.0.
+`tests/histories/behavior_version_<N>.json` is a run of behaviour version N, recorded once by
+`python -m tests.test_behavior_version` with the release that started such runs (a program that gathers, draws
+random numbers, reads the clock, sleeps, waits for a person's approval and reuses its names in a second snippet;
+from version 2 on, also calls a tool whose approval rule gates one call and lets another through); each must
+replay as long as its version is supported. `behavior_version_1_rule.json` is a version-1 run whose approval rule
+gated a call (replayed with its rule in `test_deploy_changes`). The three `before_*.json` histories were recorded by
+0.1.0.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from temporalio.worker import Replayer
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, ToolOptions, UnsupportedBehaviorVersionError
 from durable_codemode._converter import DATA_CONVERTER
 from durable_codemode._names import WORKFLOW_TYPE
-from durable_codemode._types import BEHAVIOR_VERSION, Continuation, RunInput
+from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, Continuation, RunInput
 from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 from durable_codemode.worker._worker import workflow_runner
 
 HISTORIES = Path(__file__).parent / "histories"
 CURRENT = HISTORIES / f"behavior_version_{BEHAVIOR_VERSION}.json"
+SUPPORTED = [HISTORIES / f"behavior_version_{v}.json" for v in range(OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION + 1)]
 RECORDED_BY_0_1 = ["before_parking.json", "before_sandbox_guards.json", "before_bounded_decisions.json"]
 
 PROGRAM = """
@@ -42,7 +46,8 @@ values = await asyncio.gather(*(get(i=p) for p in picks))
 started = datetime.now()
 time.sleep(1)
 refund = await refund_order(order='A', cents=sum(values))
-[picks, values, refund, (datetime.now() - started).total_seconds()]
+notes = [await note(text=t) for t in ['ok', 'a longer note']]
+[picks, values, refund, notes, (datetime.now() - started).total_seconds()]
 """
 
 
@@ -61,7 +66,13 @@ def agent() -> CodeModeAgent:
         """Refund `cents` on `order` (a person approves it)."""
         return f"refunded {cents} on {order}"
 
-    return CodeModeAgent(inner, tool_options={"refund_order": ToolOptions(requires_approval=True)})
+    @inner.tool_plain
+    def note(text: str) -> str:
+        """Write a note (a person reads a long one first)."""
+        return f"noted {text}"
+
+    return CodeModeAgent(inner, tool_options={"refund_order": ToolOptions(requires_approval=True),
+                                              "note": ToolOptions(approval_rule=lambda args: len(args["text"]) > 5)})
 
 
 async def _replayed(name: str, text: str) -> BaseException | None:
@@ -71,8 +82,9 @@ async def _replayed(name: str, text: str) -> BaseException | None:
     return result.replay_failure
 
 
-async def test_a_run_of_this_behaviour_version_replays_as_it_ran() -> None:
-    assert await _replayed("current", CURRENT.read_text()) is None
+@pytest.mark.parametrize("recorded", SUPPORTED, ids=lambda p: p.stem)
+async def test_a_run_of_each_supported_behaviour_version_replays_as_it_ran(recorded: Path) -> None:
+    assert await _replayed(recorded.stem, recorded.read_text()) is None
 
 
 @pytest.mark.parametrize("recorded", RECORDED_BY_0_1)
@@ -117,17 +129,19 @@ def test_the_refusal_of_a_run_newer_than_this_release_says_to_upgrade() -> None:
 
 
 async def _record() -> None:
-    """Record `CURRENT` again: a run of `agent()` on an embedded dev server, its refund approved by `ana`."""
+    """Record `CURRENT`: a run of `agent()` on an embedded dev server, its gated calls approved by `ana`."""
     from durable_codemode import decide, pending_approvals, start_dev_server, start_run
 
     async with await start_dev_server(banner="off") as env:
         client, tq = env.client, new_task_queue()
         async with running_worker(client, [agent()], task_queue=tq, unsigned_approvals=True):
             handle = await start_run(client, "behavior-v1", "go", task_queue=tq)
-            while not (pending := await pending_approvals(client, handle.id)):
+            result = asyncio.ensure_future(handle.result())
+            while not result.done():  # the refund, then the long note
+                for call in await pending_approvals(client, handle.id):
+                    await decide(client, handle.id, call.call_id, approved=True, approver="ana")
                 await asyncio.sleep(0.1)
-            await decide(client, handle.id, pending[0].call_id, approved=True, approver="ana")
-            print((await handle.result()).output)
+            print((await result).output)
         history = await handle.fetch_history()
     CURRENT.write_text(history.to_json())
 

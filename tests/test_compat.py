@@ -69,8 +69,13 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
     from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
-    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (1, 1)
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (2, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
+    # From behaviour version 2, a call an approval rule gates records this marker; a replay reads it.
+    from durable_codemode._types import RECORDED_RULE_VERDICTS
+
+    assert RECORDED_RULE_VERDICTS == 2
+    assert _names.approval_verdict_marker(3, "call_0.1") == "durable-codemode.approval.3.call_0.1"
     assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
     assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"
     at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
@@ -80,6 +85,33 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     named = ('{"call_id":"c.0","tool":"get","args":"{}","status":"ok","result":"1",'
              '"started_at":"2026-01-02T03:04:05.000006Z","finished_at":"2026-01-02T03:04:05.000006Z"}')
     assert TypeAdapter(CallRecord).validate_json(named) == record == converter.from_payload(wire, CallRecord)
+
+
+def _over_a_hundred_dollars(args: dict[str, Any]) -> bool:
+    """An approval rule."""
+    return bool(args["cents"] > 10_000)
+
+
+def test_what_deploys_are_compared_by_is_pinned() -> None:
+    # A run's output fingerprint is computed by the workflow code of the release that scheduled the output check and
+    # compared by the worker that runs it; a rule's fingerprint is recorded by the worker that started the run and
+    # compared by `check-deploy` of a later release. Both must stay the same across releases (a rule's also depends
+    # on the Python minor version: its AST dump).
+    from pydantic_ai.tools import ToolDefinition
+
+    from durable_codemode._fingerprints import recorded_output
+    from durable_codemode._types import OutputSpec
+    from durable_codemode.client._deploys import VERSION_SEARCH_ATTRIBUTE
+    from durable_codemode.worker._rules import rule_fingerprint
+
+    assert recorded_output(None).fingerprint == "b0d387a0a578820f"
+    city = ToolDefinition(name="final_result", kind="output", parameters_json_schema={
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
+    shape = recorded_output(OutputSpec(mode="tool", tools=[city], allows_text=False))
+    assert (shape.fingerprint, shape.summary()) == ("1eb2b4c03d258468", "output tool final_result {city: string}")
+    assert rule_fingerprint(_over_a_hundred_dollars) == "6e831de5fefcd9d0"
+    # Temporal's own search attribute of a versioned run, which `codemode runs --version` reads and filters by.
+    assert VERSION_SEARCH_ATTRIBUTE == "TemporalWorkerDeploymentVersion"
 
 
 def test_the_tool_usage_envelope_is_pinned() -> None:

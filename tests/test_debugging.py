@@ -280,7 +280,9 @@ async def test_a_paused_runs_trace_shows_the_pending_call_online_and_offline(cli
     await replay(handle)
 
 
-async def test_approval_rules_come_from_the_worker_module(client: Client, tmp_path: Path) -> None:
+async def test_approval_rules_are_read_from_the_history_or_from_the_worker_module(client: Client,
+                                                                                  tmp_path: Path) -> None:
+    # A run records each verdict of its approval rules (behaviour version 2): its replay and trace need no rule.
     tq = new_task_queue()
     async with running_worker(client, _rules_worker.agents(), task_queue=tq, unsigned_approvals=True):
         handle = await start_run(client, _rules_worker.NAME, "go", task_queue=tq)
@@ -291,21 +293,22 @@ async def test_approval_rules_come_from_the_worker_module(client: Client, tmp_pa
         await handle.result()
     await replay(handle)
     rc, out, err = await codemode("replay", "--history", str(file))
+    assert rc == 0 and "ok, 1 model turn, 1 snippet, 2 nested calls" in out, (out, err)
+    rc, out, err = await codemode("trace", "--history", str(file))
+    assert rc == 0 and "call_0.1" in out and "pending  line 2" in out, (out, err)
+    # A run of behaviour version 1 asks its rules again on replay: it needs the agents' module.
+    old = str(Path(__file__).parent / "histories" / "behavior_version_1_rule.json")
+    rc, out, err = await codemode("replay", "--history", old)
     assert rc == 2 and "NOT REPLAYED" in out and "--worker MODULE" in out, (out, err)
     assert "line 2, call call_0.0" in out
-    rc, out, err = await codemode("replay", "--history", str(file), "--worker", "tests._rules_worker")
-    assert rc == 0 and "ok, 1 model turn, 1 snippet, 2 nested calls" in out, (out, err)
-    rc, out, err = await codemode("trace", "--history", str(file), "--worker", "tests._rules_worker")
-    assert rc == 0 and "call_0.1" in out and "pending  line 2" in out, (out, err)
-    # The check before a deploy says the same of every recent run: exit 2 without the rules, as the README says.
+    rc, out, err = await codemode("replay", "--history", old, "--worker", "tests._rules_worker")
+    assert rc == 0 and "ok, 2 model turns, 1 snippet, 2 nested calls" in out, (out, err)
+    # The check before a deploy replays the recent runs: this release's need no --worker.
     for _ in range(100):  # visibility is eventually consistent
         if any(r.workflow_id == handle.id for r in await list_runs(client, query=f"TaskQueue = '{tq}'")):
             break
         await asyncio.sleep(0.1)
-    recent = ("replay", "--all", "--query", f"TaskQueue = '{tq}'")
-    rc, out, err = await codemode(*recent, address=address(client))
-    assert rc == 2 and "1 runs: 0 replayed cleanly" in out and "1 not replayed (need --worker MODULE)" in out, err
-    rc, out, err = await codemode(*recent, "--worker", "tests._rules_worker", address=address(client))
+    rc, out, err = await codemode("replay", "--all", "--query", f"TaskQueue = '{tq}'", address=address(client))
     assert rc == 0 and "1 runs: 1 replayed cleanly" in out, (out, err)
 
 

@@ -67,9 +67,18 @@ from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_codemode import CodeModeAgent, ToolOptions, _pool, pending_approvals, start_run, temporal_cli_path
+from durable_codemode import (
+    CodeModeAgent,
+    ToolOptions,
+    _pool,
+    pending_approvals,
+    start_run,
+    temporal_cli_path,
+    wait_for_approvals,
+)
 from durable_codemode.cli import run_cli
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
+from durable_codemode.history._deploy_check import check_deploy, render_deploy_check
 from durable_codemode.testing import FinalOutput, RunCode, last_result, running_worker, scripted_model, user_prompt
 
 from ._agents import items_agent
@@ -666,7 +675,20 @@ async def _check_refusal(block: Block, ns: dict[str, Any], given: Given) -> None
                  block.where)
 
 
+async def _check_deploy_report(block: Block, ns: dict[str, Any], given: Given) -> None:
+    """operations.md's check-deploy report: a run of the `ops` agent's old code, paused, against its new code."""
+    from ._deploy_agents import AGENT, ops_agent
+
+    async with running_worker(given.client, [ops_agent("old")], unsigned_approvals=True) as worker:
+        handle = await start_run(given.client, AGENT, "pay", task_queue=worker.task_queue)
+        await wait_for_approvals(given.client, handle.id)
+        check = await check_deploy(given.client, [ops_agent("new")], query=f"TaskQueue = '{worker.task_queue}'")
+    await handle.terminate("the docs' check is done")
+    check_output(block.text.splitlines(), render_deploy_check(check), block.where)
+
+
 OUTPUT_CHECKS: dict[str, Callable[[Block, dict[str, Any], Given], Awaitable[None]]] = {
+    "deploy-check": _check_deploy_report,  # a run of tests/_deploy_agents.py's old code, as test_deploy_versions
     "divergence": _check_divergence,  # a real replay whose snippet was edited, as tests/test_debugging.py does
     "refusal": _check_refusal,
     "spans": _check_spans,

@@ -3,7 +3,8 @@
 ```
 CodeModeError
 ├── CodeModeUserError        the library was used wrongly (bad configuration, unknown agent); fix the code
-│   └── DepsFactoryError     an agent's deps_factory failed for good, or built another type than its deps_type
+│   ├── DepsFactoryError     an agent's deps_factory failed for good, or built another type than its deps_type
+│   └── OutputChangedError   a deploy changed an agent's output, and it rejects an answer made for a run's recorded one
 ├── AgentNotFoundError       a run names an agent this worker does not serve
 ├── InvalidRunInputError     a run's prompt or message history is unusable (also a ValueError); nothing started
 ├── GuardrailError           a capability's before_run hook stopped a run at its start (the hook's error is the cause)
@@ -29,6 +30,7 @@ __all__ = [
     "DepsFactoryError",
     "GuardrailError",
     "InvalidRunInputError",
+    "OutputChangedError",
     "RunClosedError",
     "RunFailedError",
     "RunNotFoundError",
@@ -52,6 +54,26 @@ class DepsFactoryError(CodeModeUserError):
     The message names the agent, the factory and (for a wrong type) both types. Not retried: the same deps would
     fail the same way. A factory's transient error (`ConnectionError`, `TransientToolError`) is retried instead.
     """
+
+
+class OutputChangedError(CodeModeUserError):
+    """A deploy changed an agent's output since a run started, and the new output rejects the run's answer.
+
+    The run offers its model the output it recorded (`AgentSpec.output`), so the model answers in that shape; the
+    worker checks answers with the agent's output as it is now. When the two differ and the answer does not pass,
+    asking the model again cannot help: the run fails with this error (its type is the run's failure type), naming
+    both outputs. Finish such runs on a worker version whose agent has the recorded output (a pinned deploy,
+    docs/operations.md), or start them again on the new one. `codemode check-deploy` reports the change first.
+    """
+
+    def __init__(self, agent: str, recorded: str, current: str, rejection: str) -> None:
+        super().__init__(
+            f"the output of agent {agent!r} changed since this run started: the run offers its model the output it "
+            f"recorded ({recorded}), and this worker's agent now has {current}, which rejects the answer "
+            f"({rejection}). "
+            "Asking the model again cannot help; finish such runs on a worker version whose agent has the recorded "
+            "output (a pinned deploy: docs/operations.md#deploying-new-code-while-runs-wait), or start them again")
+        self.agent = agent
 
 
 class AgentNotFoundError(CodeModeUserError):

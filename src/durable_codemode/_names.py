@@ -34,6 +34,7 @@ __all__ = [
     "STATUS_WAITING",
     "STREAM_INFO_QUERY",
     "WORKFLOW_TYPE",
+    "approval_verdict_marker",
     "batch_activity_id",
     "call_digest",
     "call_fingerprint",
@@ -173,6 +174,17 @@ def type_check_rejection_marker(snippet: int, run_code_call_id: str) -> str:
     marker is two history events: the marker and Temporal's `TemporalChangeVersion` upsert).
     """
     return f"durable-codemode.typecheck.rejected.{snippet}.{run_code_call_id}"
+
+
+def approval_verdict_marker(ruled: int, call_id: str) -> str:
+    """The `workflow.patched` id recording "the tool's approval rule sent call `call_id` to a person".
+
+    `ruled` counts the run's calls to tools with a rule (a model that reuses a call id cannot collide). Only a
+    call the rule gates records it: a replay asks for the marker instead of asking the rule, and a call without it
+    needed no approval. So a deploy that changes or drops the rule never changes what an old run replays, and a
+    replay needs no rule at all (runs of behaviour version 2 on).
+    """
+    return f"durable-codemode.approval.{ruled}.{call_id}"
 
 
 def compute_activity_id(run_code_call_id: str, stretch: int) -> str:

@@ -33,6 +33,7 @@ __all__ = [
     "FILE_LISTING_LIMIT",
     "NAMED_RECORDS",
     "OLDEST_BEHAVIOR_VERSION",
+    "RECORDED_RULE_VERDICTS",
     "RELEASES_BY_BEHAVIOR_VERSION",
     "AfterRunInput",
     "AgentSpec",
@@ -137,7 +138,12 @@ class ToolSpec:
     local: bool
     requires_approval: bool = False
     approval_rule: bool = False
-    """The tool has an `approval_rule`, looked up in this process by (agent, tool) when a call is made."""
+    """The tool has an `approval_rule`: its verdict on each call is decided when the call is made, by the rule as
+    the worker serving the run has it, and recorded (behaviour version 2 on; runs of version 1 ask the rule again
+    on every replay)."""
+    rule_fingerprint: str | None = None
+    """What the `approval_rule` was when the run started (`worker/_rules.rule_fingerprint`), for `codemode
+    check-deploy` to tell a changed rule; `None`: no rule, or a run recorded before the field."""
     approval_timeout: timedelta | None = None
     heartbeat_timeout: timedelta | None = None
     """Recorded `ToolOptions.heartbeat_timeout`; runs recorded before it read `None` (no heartbeats)."""
@@ -235,8 +241,11 @@ class ToolCatalog:
         return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
 
 
-BEHAVIOR_VERSION = 1
+BEHAVIOR_VERSION = 2
 """How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
+
+- 1: an approval rule is asked on every replay of a call, so a replay needs the rule as it was.
+- 2: an approval rule's verdict is recorded when the call is made (`approval_verdict_marker`), and replays read it.
 
 Raise it when a change would make a recorded run replay differently (another command, another order, another
 recorded value), and keep the old behaviour behind `spec.behavior_version` for as long as the old version is
@@ -247,6 +256,9 @@ OLDEST_BEHAVIOR_VERSION = 1
 
 RELEASES_BY_BEHAVIOR_VERSION = {0: "durable-codemode 0.1.0"}
 """The last release that replays each behaviour version this one does not."""
+
+RECORDED_RULE_VERDICTS = 2
+"""The behaviour version from which a run records its approval rules' verdicts instead of asking them on replay."""
 
 
 @dataclass(kw_only=True)
@@ -605,6 +617,12 @@ class OutputInput:
     """Output retries used so far (`ctx.retry` of output validators; past the budget the run fails)."""
     deps: Any = None
     model_settings: dict[str, Any] | None = None
+    output_fingerprint: str | None = None
+    """The run's recorded output (`AgentSpec.output`) as `_fingerprints.OutputShape.fingerprint`: a worker whose
+    agent's output differs refuses, by name, an answer its output rejects (the model was offered the recorded one,
+    so asking it again cannot help). `None` in inputs recorded before the field: checked as they were."""
+    output_summary: str | None = None
+    """The recorded output in words (`OutputShape.summary`), for that refusal."""
 
 
 @dataclass

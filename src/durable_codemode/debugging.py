@@ -14,15 +14,28 @@ if not report.ok:
     print(render_replay(report))                       # turn, snippet, line, call, recorded vs replayed, cause
 ```
 
-Replays need the agents only for approval rules (code that decides whether a call waits): call
-`register_agents([...])` (or `load_agents("my_worker_module")`) first when an agent has one.
+Replays of runs recorded by behaviour version 1 need the agents' approval rules (code that decides whether a call
+waits; later runs record each verdict): call `register_agents([...])` (or `load_agents("my_worker_module")`) first.
+
+Before a deploy, `check_deploy(client, import_agents("new_worker_module"))` compares every open run's recorded agent
+with the new code (`codemode check-deploy`), and `move_run` pins a run to another Worker Deployment version
+(`codemode move`, which checks first).
 """
 
 from __future__ import annotations
 
 from ._errors import RunNotFoundError
+from .client._deploys import move_run
 from .client._listing import RUN_STATES, RunSummary, list_runs
 from .history._capture import ReplayCapture, quiet_replays, replay_history
+from .history._deploy_check import (
+    DeployCheck,
+    Finding,
+    RunCheck,
+    check_deploy,
+    check_history,
+    render_deploy_check,
+)
 from .history._fetch import (
     fetch_chain,
     fetch_history,
@@ -38,6 +51,7 @@ from .history._replay import (
     Divergence,
     ReplayReport,
     RunReplay,
+    import_agents,
     load_agents,
     register_agents,
     render_replay,
@@ -63,9 +77,12 @@ __all__ = [
     "CallSide",
     "CallStatus",
     "Cause",
+    "DeployCheck",
     "Divergence",
+    "Finding",
     "ReplayCapture",
     "ReplayReport",
+    "RunCheck",
     "RunNotFoundError",
     "RunReplay",
     "RunSummary",
@@ -75,16 +92,21 @@ __all__ = [
     "TraceRun",
     "TraceSnippet",
     "TraceTurn",
+    "check_deploy",
+    "check_history",
     "fetch_chain",
     "fetch_history",
     "histories_from_json",
     "histories_to_json",
+    "import_agents",
     "list_runs",
     "load_agents",
+    "move_run",
     "parse_histories",
     "quiet_replays",
     "read_histories",
     "register_agents",
+    "render_deploy_check",
     "render_replay",
     "render_replay_table",
     "render_trace",

@@ -4,15 +4,18 @@
 codemode demo [--lines 122]                      the cart agent end to end, offline, on an in-memory server
 codemode dev [--db FILE] [--port 7233] [--ui]    a persistent dev server plus a worker, until Ctrl-C
 codemode worker [--task-queue Q]                 a worker for the bundled agents (TEMPORAL_ADDRESS/embedded)
+    worker: [--deployment NAME --build-id ID]    ... as a Worker Deployment version (runs pinned to it)
     dev, worker: [--approver-keys FILE]... [--approver-directory FILE]   signed approvals (or the env vars
                  CODEMODE_APPROVER_KEYS, CODEMODE_APPROVER_DIRECTORY)
 codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS and print its result
 codemode run AGENT "prompt" --follow              ... showing model turns and nested calls as they happen
 codemode watch RUN_ID                            follow a run live until it ends or waits for approval
-codemode runs [--agent A] [--status S]           recent runs and their state (waiting for approval, ...)
+codemode runs [--agent A] [--status S] [--version NAME:BUILD_ID]   recent runs: state, version, ...
 codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
 codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
 codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence, where and why (exit 1)
+codemode check-deploy --worker MODULE [--query Q] before a deploy: what the new code breaks in open runs (exit 1)
+codemode move RUN_ID --to NAME:BUILD_ID --worker MODULE   pin a run to another worker deployment version
 codemode approvals RUN_ID / approve / deny / audit / keygen    approvals: list, decide, the trail, a signing key
 codemode bench [--apps A] [--n 5,20] [--mode on,off] [--model M] [--json F] [--plot F.png]
                                                  code mode vs tool calling on the bundled tasks, graded

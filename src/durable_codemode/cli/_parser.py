@@ -17,6 +17,7 @@ from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ._approvals import approvals_command, approve_command, audit_command, deny_command, keygen_command
 from ._demo import demo_command
+from ._deploys import check_deploy_command, move_command
 from ._history import history_command, replay_command, trace_command
 from ._output import ADDRESS_ENV
 from ._runs import runs_command, start_command, watch_command
@@ -136,6 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
                                  f"on an embedded dev server persisted to {DEV_SERVER_DB}.")
     worker.add_argument("--task-queue", default=DEFAULT_TASK_QUEUE, metavar="Q",
                         help=f"the task queue to serve (default: {DEFAULT_TASK_QUEUE})")
+    worker.add_argument("--deployment", metavar="NAME", help="serve as a version of this Temporal Worker Deployment "
+                        "(with --build-id): runs stay pinned to the version that started them; make a new version "
+                        "current with `temporal worker deployment set-current-version` (docs/operations.md)")
+    worker.add_argument("--build-id", metavar="ID", help="this worker's version within --deployment, e.g. a release "
+                        "tag or commit")
+    worker.add_argument("--graceful-shutdown", type=_duration, default=timedelta(seconds=30), metavar="DURATION",
+                        help="once told to stop (SIGTERM, Ctrl-C), how long tool calls in flight get to finish "
+                        "(default: 30s)")
     _approver_flags(worker)
     worker.set_defaults(handler=worker_command)
 
@@ -215,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "waiting for an approval)")
     runs.add_argument("--query", metavar="Q", help="a visibility query to narrow the runs, e.g. \"TaskQueue = "
                       "'cart'\"")
+    runs.add_argument("--version", metavar="NAME:BUILD_ID", help="only runs pinned to this worker deployment version "
+                      "(with --status running: the runs that still need it before it is retired)")
     runs.add_argument("--limit", type=_positive, default=20, help="at most this many runs (default: 20)")
     runs.set_defaults(handler=runs_command)
 
@@ -259,6 +270,33 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--worker", metavar="MODULE", help="import MODULE for the agents' approval rules (its "
                         "agents() function or module-level CodeModeAgent values)")
     replay.set_defaults(handler=replay_command)
+
+    check = commands.add_parser(
+        "check-deploy", help="before deploying: what the new code would break in each open run",
+        description="Compare every open run's recorded agent (tools and their signatures, direct tools' schemas, the "
+        "output, approval rules, the approver keys its calls need) with the agents of the new code in MODULE, and "
+        "say per run what would break (error) or change (warning); exit status 1 if any run would break. Replay "
+        "(`codemode replay --all --worker MODULE`) stays the check of the workflow code.")
+    check.add_argument("--worker", metavar="MODULE", required=True, help="the new code: a module with an agents() "
+                       "function or module-level CodeModeAgent values (as for replay)")
+    check.add_argument("--query", metavar="Q", help="a visibility query to narrow the open runs, e.g. \"TaskQueue = "
+                       "'ops'\" or \"TemporalWorkerDeploymentVersion = 'ops:v1'\"")
+    check.add_argument("--limit", type=_positive, default=500, help="at most this many runs (default: 500)")
+    check.add_argument("--json", action="store_true", help="print the findings as JSON")
+    _approver_flags(check)
+    check.set_defaults(handler=check_deploy_command)
+
+    move = commands.add_parser(
+        "move", help="move an open run to another worker deployment version",
+        description="Pin run RUN_ID to worker deployment version --to, once its recorded agent fits the agents of "
+        "MODULE (the code of that version, as check-deploy compares) and its history replays with this release "
+        "and MODULE; its next workflow task then goes to that version's workers. Exit 1 when a check fails.")
+    move.add_argument("run_id", metavar="RUN_ID", help="the run's workflow id")
+    move.add_argument("--to", required=True, metavar="NAME:BUILD_ID", help="the version to pin it to")
+    move.add_argument("--worker", metavar="MODULE", required=True, help="the code of that version (its agents)")
+    move.add_argument("--force", action="store_true", help="move it without the checks")
+    _approver_flags(move)
+    move.set_defaults(handler=move_command)
 
     add_bench_command(commands)
     return parser

@@ -138,20 +138,24 @@ async def watch_command(args: argparse.Namespace) -> int:
 async def runs_command(args: argparse.Namespace) -> int:
     client = await connect()
     try:
-        runs = await list_runs(client, agent=args.agent, status=args.status, query=args.query, limit=args.limit)
+        runs = await list_runs(client, agent=args.agent, status=args.status, query=args.query, limit=args.limit,
+                               version=args.version)
     except RPCError as e:
         raise CodeModeUserError(f"the server at {server_address(client)} cannot list runs: {e.message}") from e
     if not runs:
         say("no runs" + (f" of agent {args.agent!r}" if args.agent else "")
-             + (f" with status {args.status}" if args.status else ""))
+             + (f" with status {args.status}" if args.status else "")
+             + (f" on version {args.version}" if args.version else ""))
         return EXIT_OK
-    rows = [("run", "agent", "state", "started", "took")]
+    versioned = any(r.version for r in runs)  # the column only where some run is on a Worker Deployment version
+    rows = [("run", "agent", "state", *(("version",) if versioned else ()), "started", "took")]
     for r in runs:
         state = r.state + (f" ({r.pending_approvals})" if r.pending_approvals else "")
         if r.state == "running" and r.pending_approvals is None and not r.status_recorded:
             state += " (no worker answered)"
         took = f"{(r.closed_at - r.started_at).total_seconds():.1f} s" if r.closed_at else ""
         rows.append((printable(r.workflow_id), printable(r.agent or "?"), state,
+                     *((printable(r.version or "-"),) if versioned else ()),
                      r.started_at.strftime("%Y-%m-%d %H:%M:%S"), took))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:

@@ -9,6 +9,7 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic_ai.models import Model
@@ -16,17 +17,20 @@ from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
 from .._bundled import bundled_apps
+from .._errors import CodeModeUserError
 from .._outcome import EXIT_OK
 from .._signing import ApproverKeyring
 from ..client._connect import configured_address
+from ..client._deploys import version_label
 from ..client._devserver import start_dev_server
 from ..ui import UIAccess, serve_ui
 from ..worker._agent import CodeModeAgent
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
-from ..worker._worker import DEFAULT_TASK_QUEUE, connect, create_worker
+from ..worker._worker import DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT, DEFAULT_TASK_QUEUE, connect, create_worker
 from ._output import ADDRESS_ENV, say, server_address
 
 DEV_SERVER_DB = Path("~/.local/share/durable-codemode/dev-server.sqlite")
@@ -76,16 +80,19 @@ class ApproverSettings:
 
 
 async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: str, *, local: bool,
-                 approvers: ApproverSettings | None = None) -> None:
+                 approvers: ApproverSettings | None = None, deployment: WorkerDeploymentVersion | None = None,
+                 graceful_shutdown: timedelta = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT) -> None:
     """Serve `agents` until Ctrl-C or SIGTERM, then shut the worker down gracefully.
 
     `local`: the server is the embedded dev server, so approvals need no signature (local development) unless
     `approvers` gives keys: then decisions must be signed by one of them, as on any other server.
 
-    A graceful shutdown releases the worker's sticky queue at once; a killed worker leaves its runs stalled
-    for the sticky timeout. The handlers stay installed until the event loop closes, so a second signal
-    (a terminal sends Ctrl-C to the whole process group; `timeout` signals the child and the group) cannot
-    interrupt the shutdown or the embedded server's stop halfway.
+    A graceful shutdown lets the tool calls in flight finish (within `graceful_shutdown`), so none runs again on
+    the next worker, and releases the worker's sticky queue at once; a killed worker leaves its runs stalled for the
+    sticky timeout, and its calls in flight run again elsewhere. `deployment`: serve as that Worker Deployment
+    version (runs pinned to the version that started them). The handlers stay installed until the event loop
+    closes, so a second signal (a terminal sends Ctrl-C to the whole process group; `timeout` signals the child and
+    the group) cannot interrupt the shutdown or the embedded server's stop halfway.
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -96,8 +103,10 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
     keyring = approvers.keyring()
     unsigned = local and not keyring
     async with create_worker(client, agents, task_queue=task_queue, unsigned_approvals=unsigned,
-                             approver_keys=keyring, approver_directory=approvers.directory):
-        say(f"worker: serving {names} on task queue {task_queue!r}; Ctrl-C stops it")
+                             approver_keys=keyring, approver_directory=approvers.directory, deployment=deployment,
+                             graceful_shutdown_timeout=graceful_shutdown):
+        version = f" as version {version_label(deployment)}" if deployment is not None else ""
+        say(f"worker: serving {names} on task queue {task_queue!r}{version}; Ctrl-C stops it")
         if keyring:
             group = f", groups from {approvers.directory}" if approvers.directory else ""
             say(f"approvals: signed decisions only, by {', '.join(keyring.approvers())} ({len(keyring.key_ids())} "
@@ -106,7 +115,7 @@ async def _serve(client: Client, agents: Sequence[CodeModeAgent], task_queue: st
             say(f"approvals: unsigned decisions accepted (local dev server); --approver-keys FILE (or "
                  f"{APPROVER_KEYS_ENV}) requires signed ones")
         await stop.wait()
-        say("worker: stopping")
+        say(f"worker: stopping (tool calls in flight get up to {graceful_shutdown.total_seconds():g} s to finish)")
     say("worker: stopped")
 
 
@@ -128,13 +137,17 @@ async def _embedded_server(
 
 
 async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE,
-                               approvers: ApproverSettings | None = None) -> int:
+                               approvers: ApproverSettings | None = None,
+                               deployment: WorkerDeploymentVersion | None = None,
+                               graceful_shutdown: timedelta = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT) -> int:
     """Serve the bundled agents until Ctrl-C: on the configured server if any, else on an embedded dev server.
 
     The configured server is `TEMPORAL_ADDRESS`, or the address of the Temporal client profile (`_connect`).
     `approvers`: the approvers' keys and directory; default: `CODEMODE_APPROVER_KEYS` and
     `CODEMODE_APPROVER_DIRECTORY` (`ApproverSettings.of()`). With keys, decisions must be signed by one of them;
     without, only an embedded server accepts unsigned ones (a configured server refuses runs that need approval).
+    `deployment`: serve as that Worker Deployment version; `graceful_shutdown`: how long tool calls in flight get to
+    finish once the worker is told to stop.
 
     The one implementation behind `python worker.py` and `codemode worker`. The embedded server persists to
     `DEV_SERVER_DB`, so runs started against it survive a restart of the worker.
@@ -149,14 +162,16 @@ async def serve_bundled_agents(*, task_queue: str = DEFAULT_TASK_QUEUE,
     if configured_address():
         client = await connect()
         say(f"connected to {server_address(client)} ({ADDRESS_ENV} or the Temporal profile)")
-        await _serve(client, agents, task_queue, local=False, approvers=approvers)
+        await _serve(client, agents, task_queue, local=False, approvers=approvers, deployment=deployment,
+                     graceful_shutdown=graceful_shutdown)
         return EXIT_OK
     async with _embedded_server(DEV_SERVER_DB) as client:
         address = server_address(client)
         say(f"embedded Temporal dev server at {address} ({ADDRESS_ENV} and the Temporal profile name no "
              f"server), runs kept in {DEV_SERVER_DB.expanduser()}")
         _how_to_run(address, task_queue)
-        await _serve(client, agents, task_queue, local=True, approvers=approvers)
+        await _serve(client, agents, task_queue, local=True, approvers=approvers, deployment=deployment,
+                     graceful_shutdown=graceful_shutdown)
     return EXIT_OK
 
 
@@ -236,8 +251,14 @@ async def _page(client: Client, port: int, approvers: ApproverSettings) -> async
 
 
 async def worker_command(args: argparse.Namespace) -> int:
+    if (args.deployment is None) != (args.build_id is None):
+        raise CodeModeUserError("--deployment and --build-id go together: give both to serve as a Worker Deployment "
+                                "version (e.g. --deployment ops --build-id 2026-12-06), or neither")
+    deployment = (WorkerDeploymentVersion(deployment_name=args.deployment, build_id=args.build_id)
+                  if args.deployment is not None else None)
     return await serve_bundled_agents(task_queue=args.task_queue, approvers=ApproverSettings.of(
-        args.approver_keys, args.approver_directory))
+        args.approver_keys, args.approver_directory), deployment=deployment,
+        graceful_shutdown=args.graceful_shutdown)
 
 
 async def no_worker_polls(client: Client, task_queue: str) -> bool:

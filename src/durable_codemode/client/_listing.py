@@ -28,6 +28,7 @@ from .._names import (
     WORKFLOW_TYPE,
 )
 from ..workflow._run import CodeModeRunWorkflow
+from ._deploys import VERSION_KEY, VERSION_SEARCH_ATTRIBUTE, parse_version, version_label
 from ._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 
 __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
@@ -76,6 +77,8 @@ class RunSummary:
     """For running runs: calls waiting for a decision; `None` when no worker answered in time (or not asked)."""
     status_recorded: bool = False
     """The state came from the run's `CodemodeStatus` search attribute or `status` memo (so it was not asked)."""
+    version: str | None = None
+    """The Worker Deployment version the run is pinned to, `NAME:BUILD_ID` (`None`: an unversioned worker's run)."""
 
 
 async def _pending(client: Client, execution: WorkflowExecution) -> int | None:
@@ -89,7 +92,7 @@ async def _pending(client: Client, execution: WorkflowExecution) -> int | None:
 
 async def list_runs(
     client: Client, *, agent: str | None = None, status: str | None = None, query: str | None = None,
-    limit: int = 20,
+    limit: int = 20, version: str | None = None,
 ) -> list[RunSummary]:
     """The most recent runs, newest first.
 
@@ -99,13 +102,18 @@ async def list_runs(
         status: One of `RUN_STATES`; `None`: any.
         query: A visibility query ANDed with the rest, e.g. `"TaskQueue = 'cart'"`.
         limit: At most this many runs.
+        version: Only runs pinned to this Worker Deployment version, `NAME:BUILD_ID` (or `NAME.BUILD_ID`): with
+            `status="running"`, the runs that still need that version's workers before it can be retired.
 
     Raises:
-        CodeModeUserError: an unknown status.
+        CodeModeUserError: an unknown status, or a version that is not `NAME:BUILD_ID`.
 
     """
     if status is not None and status not in _VISIBILITY_STATUS:
         raise CodeModeUserError(f"unknown status {status!r}: use one of {', '.join(RUN_STATES)}")
+    if version is not None:
+        pinned = f"{VERSION_SEARCH_ATTRIBUTE} = {_quoted(version_label(parse_version(version)))}"
+        query = f"{pinned} AND ({query})" if query else pinned
     if uses_search_attributes(client):
         try:
             return await _list(client, agent=agent, status=status, query=query, limit=limit, indexed=True)
@@ -145,7 +153,8 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
         recorded = execution.typed_search_attributes.get(STATUS_KEY) or memo.get(STATUS_MEMO)
         summary = RunSummary(workflow_id=execution.id, run_id=execution.run_id, agent=name, state=state,
                              started_at=execution.start_time, closed_at=execution.close_time,
-                             status_recorded=isinstance(recorded, str))
+                             status_recorded=isinstance(recorded, str),
+                             version=execution.typed_search_attributes.get(VERSION_KEY) or None)
         if state == "running" and isinstance(recorded, str):
             summary.state = "waiting for approval" if recorded == STATUS_WAITING else "running"
         runs.append((execution, summary))

@@ -126,6 +126,8 @@ class ReplayCapture:
     snippets: list[ReplayedSnippet] = field(default_factory=list)
     pending: list[PendingApproval] = field(default_factory=list)
     audit: list[ApprovalRecord] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)
+    """The calls the replay sent to a person, in order (as the run's approval rules decided on replay)."""
     watched: bool = False
     """The run workflow's instance was reached, so `calls`, `snippets`, `pending` and `audit` mean something."""
     failure: BaseException | None = None
@@ -195,6 +197,9 @@ class _CapturingObserver(RunTelemetry):
 
     def call_made(self, *, tool: str, call_id: str, args: dict[str, Any], code: str, line: int) -> None:
         self._capture.calls[call_id] = ReplayedCall(call_id=call_id, tool=tool, args=dict(args), code=code, line=line)
+
+    def approval_waiting(self, pending: PendingApproval, *, policy: str | None) -> None:
+        self._capture.asked.append(pending.call_id)
 
     def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
         self._capture.snippets.append(ReplayedSnippet(call_id=call_id, code=str(args.get("code", "")),

@@ -42,6 +42,7 @@ from .._names import (
 from .._results import preview
 from .._storage import env_stores, resolve_history
 from .._types import Continuation, ModelRequestInput, TurnRecord
+from ..workflow._approval_state import RULE_UNKNOWN
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._events import RecordedActivity, RecordedRun, failure_text, read_run
 from ._fetch import fetch_chain
@@ -63,7 +64,7 @@ __all__ = ["parse_histories", "trace_histories", "trace_run"]
 _PREVIEW = 200
 """Characters of a result, error or argument preview."""
 
-_RULE_UNKNOWN = "this process does not know it"
+_RULE_UNKNOWN = RULE_UNKNOWN
 """From `approval_rule`'s error: a replay needs the agent's approval rules (`--worker MODULE`)."""
 
 

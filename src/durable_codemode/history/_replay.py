@@ -37,9 +37,9 @@ from .._errors import CodeModeUserError
 from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
 from .._results import code_lines, preview, printable
 from .._storage import env_stores, resolve_history
-from .._types import behavior_version_refusal
+from .._types import RECORDED_RULE_VERDICTS, behavior_version_refusal
 from ..worker._agent import CodeModeAgent
-from ..workflow._approval_state import serve, served_agents
+from ..workflow._approval_state import RULE_GONE, serve, served_agent, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
 from ._events import RecordedActivity, RecordedRun, read_run
 from ._fetch import fetch_chain, fetch_history
@@ -52,6 +52,7 @@ __all__ = [
     "Divergence",
     "ReplayReport",
     "RunReplay",
+    "import_agents",
     "load_agents",
     "register_agents",
     "render_replay",
@@ -64,7 +65,8 @@ __all__ = [
 Cause = Literal[
     "tool_renamed", "arguments_changed", "call_order_changed", "other_tool_called", "sandbox_limits",
     "compute_limit_on_replay", "snippet_ended_early", "extra_call", "sandbox_crashed", "compute_limit_not_hit",
-    "approval_rule_unknown", "behavior_version_unsupported", "non_deterministic", "other",
+    "approval_rule_unknown", "approval_rule_changed", "approval_rule_gone", "behavior_version_unsupported",
+    "non_deterministic", "other",
 ]
 
 _EXPECTED: frozenset[str] = frozenset({"sandbox_crashed", "compute_limit_not_hit"})
@@ -232,6 +234,12 @@ def load_agents(module_name: str) -> list[str]:
             "them, module-level agents, or call durable_codemode.debugging.register_agents(...) in it"
         )
     return names
+
+
+def import_agents(module_name: str) -> list[CodeModeAgent]:
+    """The agents `module_name` defines (as `load_agents` finds and registers them), for checks that read them."""
+    found = [served_agent(name) for name in load_agents(module_name)]
+    return [a for a in found if isinstance(a, CodeModeAgent)]
 
 
 # -- analysis ------------------------------------------------------------------------------------------------
@@ -493,6 +501,52 @@ def _explain(div: Divergence, recorded: RecordedRun) -> None:
         )
 
 
+def _blame_a_changed_rule(div: Divergence, recorded: RecordedRun, capture: ReplayCapture) -> None:
+    """Name the approval rule when a changed rule is what made a run of behaviour version 1 diverge.
+
+    Such runs ask their rules again on replay (later runs record each verdict). A rule changed when the replay
+    gates a call the run made without a person, or lets through a call a person decided when the run ran; or, for
+    an open run waiting on a call, when the replay schedules that call where the run recorded that it waits.
+    """
+    spec = recorded.spec
+    if spec is None or spec.behavior_version >= RECORDED_RULE_VERDICTS:
+        return
+    ruled = {t.name for t in spec.tools if t.approval_rule}
+    if not ruled:
+        return
+    decided = {r.call_id for r in recorded.records} | {d.call_id for _, d in recorded.signals}
+    ran_unasked = {a.tool_call()[0] for a in recorded.activities if not a.local} - decided
+    asked = set(capture.asked)
+    changed: tuple[str, str, str] | None = None
+    for made in capture.calls.values():
+        if made.tool not in ruled:
+            continue
+        if made.call_id in decided and made.call_id not in asked:
+            changed = (made.call_id, "needs no approval", "waited for a person")
+        elif made.call_id in asked and made.call_id in ran_unasked:
+            changed = (made.call_id, "needs approval", "ran without one")
+        if changed is not None:
+            break
+    rep = div.replayed
+    if changed is None and rep is not None and rep.tool in ruled and rep.call_id not in asked and (
+            div.recorded is not None and div.recorded.what.startswith("upsert workflow search attributes")):
+        changed = (str(rep.call_id), "needs no approval", "waited for a person (the run waits there)")
+    if changed is None:
+        return
+    call_id, now, then = changed
+    call = capture.calls.get(call_id)
+    what = f"{call.tool}({_args_text(call.args)})" if call is not None else call_id
+    div.cause = "approval_rule_changed"
+    div.call_id = call_id
+    div.explanation = (
+        f"the approval rule of {call.tool if call else 'the tool'}() changed since this run started: call {call_id} "
+        f"{what} {now} by the rule given to this replay, but {then} when it ran. This run asks its rules again on "
+        "every replay (it was started by a release that did not record rules' verdicts: behaviour version 1), so "
+        "it replays, and finishes, only with the rule as it was: let it finish on the worker version that started "
+        "it (a pinned deploy), or keep the old rule until such runs are done. Runs of this release record each "
+        "verdict, and no rule change affects their replay.")
+
+
 def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrace) -> Divergence:
     assert capture.failure is not None
     message = failure_message(capture.failure)
@@ -505,6 +559,20 @@ def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrac
             f"the run was recorded with behaviour version {refusal.version}, which this release does not replay: "
             "replay it " + (f"with {refusal.release} (pip install '{refusal.requirement}')." if refusal.release else
                             "with the newer release that recorded it."))
+        return div
+    if RULE_GONE in message:
+        div.cause = "approval_rule_gone"
+        last = list(capture.calls.values())[-1] if capture.calls else None  # the call whose rule was looked up
+        tool = f"{last.tool}()" if last is not None else "this tool"
+        if last is not None:
+            div.replayed = CallSide(what=f"{last.tool}({_args_text(last.args)})", call_id=last.call_id,
+                                    tool=last.tool, args=last.args)
+        div.explanation = (
+            f"the agents given to this replay (--worker MODULE) have no approval rule for {tool} any more, and this "
+            "run asks its rules again on every replay: it was started by a release that did not record rules' "
+            "verdicts (behaviour version 1). Replay it with the worker module of the version that started it, and "
+            "let such runs finish on that version (a pinned deploy) before dropping the rule.")
+        _locate(div, trace, capture)
         return div
     if _RULE_UNKNOWN in message:
         div.cause = "approval_rule_unknown"
@@ -544,6 +612,7 @@ def _divergence(history: WorkflowHistory, capture: ReplayCapture, trace: RunTrac
         div.recorded = _event_side(history, int(found["event"]), recorded, trace)
     _locate(div, trace, capture)
     _explain(div, recorded)
+    _blame_a_changed_rule(div, recorded, capture)
     if not div.explanation:
         div.explanation = "the replay failed inside the workflow: " + message
     return div

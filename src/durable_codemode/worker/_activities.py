@@ -238,9 +238,10 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         try:
-            return await heartbeating(check_output(agent, 
-                input.messages, input.response, retries=input.retries, deps=input.deps,
-                model_settings=input.model_settings))
+            return await heartbeating(check_output(
+                agent, input.messages, input.response, retries=input.retries, deps=input.deps,
+                model_settings=input.model_settings,
+                recorded=(input.output_fingerprint, input.output_summary or "?") if input.output_fingerprint else None))
         except TRANSIENT as e:
             raise ApplicationError(message_of(e), type=type(e).__name__) from e
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:

@@ -49,11 +49,12 @@ from ._capabilities import probing, run_before_run
 from ._files import files_spec
 from ._mcp import as_received, mcp_toolsets, schema_digest
 from ._probe import PROBE_PROFILE, Probed, RawProbeModel
+from ._rules import rule_fingerprint
 
 if TYPE_CHECKING:
     from ._agent import CodeModeAgent
 
-__all__ = ["describe_run"]
+__all__ = ["describe_for_check", "describe_run"]
 
 Tools = dict[str, tuple[AbstractToolset[Any], ToolsetTool[Any]]]
 
@@ -77,8 +78,36 @@ async def describe_run(durable: CodeModeAgent, raw_deps: Any = None, *, deps_typ
     chosen = durable.resolve_model(model)
     deps = await durable.build_deps(raw_deps, type_name=deps_type)
     await _start(durable, chosen, deps, prompt)
+    return await _spec_of(durable, deps, given=raw_deps is not None, authority=authority, instructions=instructions,
+                          prompt=prompt)
+
+
+async def describe_for_check(durable: CodeModeAgent, raw_deps: Any = None, *, deps_type: str | None = None,
+                             instructions: str | None = None, prompt: str | None = None
+                             ) -> tuple[AgentSpec, str | None]:
+    """The spec a run with this input would record on a worker of `durable`, for `codemode check-deploy`.
+
+    As `describe_run`, but nothing of the run's start happens (no `before_run` hook, no model built: the checking
+    machine may hold no provider key) and no approval authority is asked (keys are checked on their own). The run's
+    deps are built as the worker would build them (a `deps_factory` runs); when they cannot be built here, the spec is
+    described with the agent's default deps, and the second value says why.
+    """
+    note = None
+    try:
+        deps = await durable.build_deps(raw_deps, type_name=deps_type)
+        given = raw_deps is not None
+    except Exception as e:  # a deps_factory that needs the worker's environment: compare without the run's deps
+        note = f"the run's deps could not be built here ({type(e).__name__}: {e}); compared with the default deps"
+        deps, given = durable.deps, False
+    return await _spec_of(durable, deps, given=given, authority=None, instructions=instructions,
+                          prompt=prompt), note
+
+
+async def _spec_of(durable: CodeModeAgent, deps: Any, *, given: bool, authority: ApprovalAuthority | None,
+                   instructions: str | None, prompt: str | None) -> AgentSpec:
+    """Steps 2 to 5 of describing a run (the module docstring), with its deps built."""
     probe = await _probe(durable.agent, deps, prompt, instructions)
-    tools = await _run_tools(durable, probe.info, deps, given=raw_deps is not None)
+    tools = await _run_tools(durable, probe.info, deps, given=given)
     specs, sandbox_defs, native_defs = _tool_specs(durable, tools, authority)
     stubs, model_tools, files, catalog = _offered(durable, sandbox_defs, native_defs)
     uses = durable.capability_use
@@ -198,6 +227,8 @@ def _tool_specs(durable: CodeModeAgent, tools: Tools, authority: ApprovalAuthori
                               retry_policy=options.retry_policy, local=options.local,
                               requires_approval=requires_approval,
                               approval_rule=options.approval_rule is not None,
+                              rule_fingerprint=(rule_fingerprint(options.approval_rule)
+                                                if options.approval_rule is not None else None),
                               approval_timeout=options.approval_timeout,
                               heartbeat_timeout=options.heartbeat_timeout,
                               approvers=_approvers(durable.name, tool_name, options, authority,

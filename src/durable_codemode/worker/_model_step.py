@@ -14,7 +14,8 @@ What the run recorded when it started stays as recorded; the step is told, not a
   provider tools the recorded ones: a capability's `prepare_tools`, wrapper toolsets, toolsets and provider tools
   acted once, when the run started (`describe`), and are masked here (`_StepCapability`);
 - the instructions are the ones recorded (pydantic-ai resolves them again at each request; a durable run, once);
-- the output tools are the recorded (prepared) ones (`_RecordedOutputTools`);
+- the output offered is the recorded one: its (prepared) output tools, and when a deploy changed the agent's
+  output since, the recorded output parameters whole (`_RecordedOutput`);
 - the step number and the output retries used are the durable run's (`start_step`), as are the usage so far and
   the run id, so hooks see the `RunContext` they would in `agent.run()`;
 - `dynamic=True` system prompts are not valued again (the run values them once, at its start).
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_ai import Agent, CallToolsNode, ModelRequestNode, RunContext
 from pydantic_ai.agent import EventStreamHandler
@@ -41,7 +42,7 @@ from pydantic_ai.messages import (
     PartStartEvent,
     SystemPromptPart,
 )
-from pydantic_ai.models import Model
+from pydantic_ai.models import Model, ModelRequestContext
 from pydantic_ai.models.fallback import FallbackModel
 from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
@@ -55,6 +56,7 @@ from pydantic_ai.usage import RunUsage
 from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
+from .._fingerprints import OutputShape, recorded_output
 from .._pydantic_ai import override_root_capability, start_step, step_run_context
 from .._types import ModelStep, OutputSpec
 from ._capabilities import RunHooksMasked
@@ -118,16 +120,50 @@ class _StepCapability(RunHooksMasked):
         return None
 
 
-class _RecordedOutputTools(AbstractCapability[Any]):
-    """Offers the output tools the run recorded (as the agent's `prepare_output_tools` left them at its start)."""
+class _RecordedOutput(AbstractCapability[Any]):
+    """Offers the model the output the run recorded, whatever the agent's output is now.
 
-    def __init__(self, tools: Sequence[ToolDefinition]) -> None:
+    The output tools are the recorded (prepared) definitions, by name, as the agent's `prepare_output_tools` left
+    them at the run's start. When a deploy changed the agent's output since (another output type, a renamed field,
+    structured output added or dropped: `_fingerprints.OutputShape`), the request's output parameters are the
+    recorded ones whole: a run that recorded a `str` output is offered no output tool, and one that recorded
+    `final_result` is offered it as it was, never the new agent's (its answer is then checked, and refused by name
+    if the new output rejects it, by the output activity). When nothing changed, the request is pydantic-ai's own.
+    """
+
+    def __init__(self, output: OutputSpec | None) -> None:
         super().__init__()
-        self._tools = {t.name: t for t in tools}
+        self._output = output
+        self._tools = {t.name: t for t in output.tools} if output is not None else {}
+        self._current: list[ToolDefinition] = []
+        """The agent's own output tools for this step, before they are narrowed to the recorded ones."""
 
     async def prepare_output_tools(self, ctx: RunContext[Any],
                                    tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        self._current = list(tool_defs)
+        if not self._tools:  # as runs recorded before: the agent's, or none (the request is overridden if changed)
+            return tool_defs
         return [self._tools.get(t.name, t) for t in tool_defs if t.name in self._tools]
+
+    async def before_model_request(self, ctx: RunContext[Any], request_context: ModelRequestContext
+                                   ) -> ModelRequestContext:
+        params = request_context.model_request_parameters
+        recorded = recorded_output(self._output)
+        now = OutputShape.of(self._current, params.output_object, allows_text=params.allow_text_output,
+                             allows_image=params.allow_image_output)
+        if now.fingerprint == recorded.fingerprint:
+            return request_context
+        out = self._output
+        mode: Any = out.mode if out is not None else "text"
+        template: str | Literal[False] | None = out.prompted_template if out is not None else None
+        if template is None and mode == params.output_mode:
+            template = params.prompted_output_template
+        request_context.model_request_parameters = replace(
+            params, output_mode=mode, output_tools=list(out.tools) if out is not None else [],
+            output_object=out.object_def if out is not None else None, prompted_output_template=template,
+            allow_text_output=out.allows_text if out is not None else True,
+            allow_image_output=out.allows_image if out is not None else False)
+        return request_context
 
 
 class _StepInstrumentation(Instrumentation):
@@ -145,8 +181,7 @@ def _step_capabilities(agent: Agent[Any, Any], own: Sequence[AbstractCapability[
         layers.append(_StepInstrumentation(settings=instrumentation))
     layers.extend(_StepCapability(c) if any(c is o for o in own) else c
                   for c in agent.root_capability.capabilities if type(c) is not Instrumentation)
-    if output is not None and output.tools:
-        layers.append(_RecordedOutputTools(output.tools))
+    layers.append(_RecordedOutput(output))
     return layers
 
 

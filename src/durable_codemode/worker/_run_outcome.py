@@ -22,8 +22,10 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
 
+from .._errors import OutputChangedError
+from .._fingerprints import OutputShape
 from .._pydantic_ai import agent_run_result, start_step
-from .._results import jsonable
+from .._results import clip, jsonable
 from .._types import OutputVerdict
 from ._capabilities import probing, run_after_run, run_on_run_error
 from ._probe import PROBE_PROFILE, Probed, last_prompt
@@ -42,21 +44,29 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
 
 
 async def check_output(durable: CodeModeAgent, messages: list[ModelMessage], response: ModelResponse, *,
-                       retries: int, deps: Any = None,
-                       model_settings: Mapping[str, Any] | None = None) -> OutputVerdict:
+                       retries: int, deps: Any = None, model_settings: Mapping[str, Any] | None = None,
+                       recorded: tuple[str, str] | None = None) -> OutputVerdict:
     """Check `response` as pydantic-ai's own run would: the output type, output functions, output validators.
 
     The agent runs for one step on a model that answers `response`: pydantic-ai validates it (and runs the
     validators, which may do I/O: this is an activity) and either ends with the output, or asks the model again
     with its retry request, which is what we return. The run's retry count is set first, so validators see the
     durable run's `ctx.retry`, and a rejection past the budget raises pydantic-ai's `UnexpectedModelBehavior`.
+
+    `recorded`: the run's recorded output as (fingerprint, words) (`_fingerprints.OutputShape`). When the agent's
+    output is another now (a deploy changed it) and it rejects the answer, the rejection is final
+    (`OutputChangedError`): the run's model was offered the recorded output, so asking it again cannot help.
     """
     asked = 0
+    current: OutputShape | None = None
 
     def answer(history: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        nonlocal asked
+        nonlocal asked, current
         asked += 1
         if asked == 1:
+            params = info.model_request_parameters
+            current = OutputShape.of(info.output_tools, params.output_object, allows_text=info.allow_text_output,
+                                     allows_image=params.allow_image_output)
             return response
         raise Probed(history, info)
 
@@ -76,9 +86,24 @@ async def check_output(durable: CodeModeAgent, messages: list[ModelMessage], res
     except Probed as probed:
         last = probed.messages[-1]
         assert isinstance(last, ModelRequest), "pydantic-ai asked again without a request"
+        if recorded is not None and current is not None and current.fingerprint != recorded[0]:
+            raise OutputChangedError(durable.name, recorded[1], current.summary(), _rejection(last)) from None
         return OutputVerdict(retry=last)
     assert run.result is not None
     return OutputVerdict(output=jsonable(run.result.output), **_closing(run.result))
+
+
+def _rejection(retry: ModelRequest) -> str:
+    """What pydantic-ai's retry request says was wrong with an answer, in a line (bounded)."""
+    said = []
+    for part in retry.parts:
+        content = getattr(part, "content", None)
+        if isinstance(content, str):
+            said.append(content)
+        elif isinstance(content, list):
+            said += [f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" if isinstance(e, dict)
+                     else str(e) for e in content]
+    return clip("; ".join(said) or "rejected", 400)
 
 
 def _closing(result: AgentRunResult[Any]) -> dict[str, Any]:

@@ -17,8 +17,9 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.client import Client
+from temporalio.common import WorkerDeploymentVersion
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkflowRunner
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
@@ -26,14 +27,16 @@ from .._pool import POOL, PoolSettings, check_sandbox_binary
 from .._signing import ApproverKeyring
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
+from ..client._deploys import current_version, parse_version, version_label
 from ..workflow._approval_state import serve, serve_keyring
-from ..workflow._run import CodeModeRunWorkflow
+from ..workflow._run import CodeModeRunWorkflow, PinnedCodeModeRunWorkflow
 from ..workflow._sandbox import close_repls
 from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._mcp import McpServers
 from ._seal import repl_key_from_env
+from ._waiting_runs import start_check
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
@@ -43,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
     from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
 
 __all__ = [
+    "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT",
     "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",
     "DEFAULT_TASK_QUEUE",
     "CodeModePlugin",
@@ -64,6 +68,15 @@ Workflow activations are Python under one GIL, and each must yield within Tempor
 that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
 passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
 With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
+
+DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
+"""How long a stopping worker (SIGTERM, Ctrl-C, the end of `async with worker`) lets its in-flight activities finish.
+
+Temporal's default is 0: a tool call running when its worker was told to stop was cancelled and run again by
+another worker, so a routine restart repeated its effect (measured: a deposit running during a SIGTERM ran twice,
+once on each worker). With 30 s, long enough for a typical tool call, the call finishes and its result is
+recorded, and the worker exits. A call still running after it is cancelled and retried elsewhere, as is one lost
+with a killed worker: tools with side effects must honour `current_call().idempotency_key` for those."""
 
 _PAYLOAD_TYPES = (RunInput, RunResult, AgentSpec, ModelResponse, ToolCallInput, ModelRequestInput, SealRequest,
                   SealResult, ApprovalDecision, BatchDecision)
@@ -139,6 +152,40 @@ async def stop_idle_sandboxes(idle_seconds: float | None) -> None:
         uses = POOL.uses()
 
 
+def _deployment(deployment: WorkerDeploymentVersion | str | None, options: dict[str, Any]
+                ) -> WorkerDeploymentVersion | None:
+    """The worker's deployment version, set in `options` as Temporal's `deployment_config` (pinned by default)."""
+    if deployment is None:
+        config = options.get("deployment_config")
+        return config.version if isinstance(config, WorkerDeploymentConfig) and config.use_worker_versioning else None
+    if "deployment_config" in options:
+        raise CodeModeUserError("create_worker got both deployment= and deployment_config=: give one (deployment= "
+                                "sets Temporal's WorkerDeploymentConfig with worker versioning on)")
+    version = parse_version(deployment) if isinstance(deployment, str) else deployment
+    options["deployment_config"] = WorkerDeploymentConfig(version=version, use_worker_versioning=True)
+    return version
+
+
+async def _tell_whether_current(client: Client, version: WorkerDeploymentVersion) -> None:
+    """Log, once the worker starts, whether new runs come to its version, and how to make it current if not."""
+    try:
+        current = await current_version(client, version.deployment_name)
+    except Exception as e:  # best effort: the worker serves its runs either way
+        logger.info("could not read deployment %r's current version: %s", version.deployment_name, e)
+        return
+    if current == version:
+        logger.info("worker deployment %s is the current version: new runs come here", version_label(version))
+        return
+    now = f"the current version is {version_label(current)}" if current else "no version of it is current yet"
+    logger.warning(
+        "this worker is version %s of worker deployment %r, and %s: new runs go %s, and this worker serves the runs "
+        "pinned to its version (and runs moved to it). Once its workers poll, make it current with `temporal worker "
+        "deployment set-current-version --deployment-name %s --build-id %s` (docs/operations.md)",
+        version_label(version), version.deployment_name, now,
+        f"to {version_label(current)}" if current else "nowhere until one is", version.deployment_name,
+        version.build_id)
+
+
 def create_worker(
     client: Client,
     agents: Sequence[CodeModeAgent],
@@ -150,6 +197,8 @@ def create_worker(
     approver_keys: ApproverKeyring | Mapping[str, Any] | str | os.PathLike[str] | None = None,
     approver_directory: DirectorySource | None = None,
     unsigned_approvals: bool = False,
+    graceful_shutdown_timeout: timedelta = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
+    deployment: WorkerDeploymentVersion | str | None = None,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -169,8 +218,20 @@ def create_worker(
             it. A decision is accepted only with a valid, unexpired signature by the key of the approver it names.
         approver_directory: the members of the groups that `ApproverPolicy` names (`group:finance`): a mapping, a
             function of the group name, or a JSON file; read when a run starts, and recorded with it.
+            As it starts, the worker reads the runs waiting for approval on its task queue and logs a warning for
+            each whose approvers it holds no key for (which run, which tool, which keys: `_waiting_runs`).
         unsigned_approvals: for local development only: decisions need no signature (each record says it was not
             signed). Without it or `approver_keys`, a run with calls that need approval fails at its first step.
+        graceful_shutdown_timeout: how long the worker, once told to stop, lets its in-flight activities (tool
+            calls, model requests) finish before it cancels them; default 30 s
+            (`DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT`), Temporal's own default being 0. A call that finishes in time is
+            recorded and never runs again; one cut off is retried on another worker (idempotency keys).
+        deployment: run this worker as a version of a Temporal Worker Deployment: a `WorkerDeploymentVersion`, or
+            `"NAME:BUILD_ID"`. Runs are pinned to the version whose workers started them (the run workflow is
+            `PINNED`), and new runs go to the deployment's current version, which you set once the new version's
+            workers poll (`temporal worker deployment set-current-version`); the deploy procedure is in
+            docs/operations.md. The worker logs, as it starts, when it is not the current version. `None`
+            (default): an unversioned worker, every worker of the task queue interchangeable.
         tracing: OpenTelemetry spans for every run, model request, snippet, nested call and tool attempt (see
             docs/observability.md). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
@@ -182,7 +243,8 @@ def create_worker(
             is refused.
 
     Raises:
-        CodeModeUserError: no agents, or two with one name; an agent whose model string cannot work here (its
+        CodeModeUserError: no agents, or two with one name; a `deployment` beside a `deployment_config`, or one
+            that is not `NAME:BUILD_ID`; an agent whose model string cannot work here (its
             provider's API key is not set: the message names the variable); more workflow task slots than sandbox
             processes; tracing without the SDK or a replay-safe provider; no `monty` binary to run sandboxes.
 
@@ -210,6 +272,7 @@ def create_worker(
     serve_keyring(task_queue, keyring)
     for agent in agents:
         serve(agent)
+    version = _deployment(deployment, worker_options)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
     worker_options.setdefault("workflow_runner", workflow_runner())
 
@@ -227,11 +290,17 @@ def create_worker(
                 in_process, settings.max_processes)
         shrink = asyncio.create_task(stop_idle_sandboxes(settings.idle_shutdown_seconds),
                                      name="durable-codemode idle sandbox shutdown")
+        told = asyncio.create_task(_tell_whether_current(client, version), name="durable-codemode version check") \
+            if version is not None else None
+        keys = start_check(client, task_queue, keyring, version)
         try:
             async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
                 yield
         finally:
             shrink.cancel()
+            if told is not None:
+                told.cancel()
+            keys.cancel()
             POOL.reserve_task_slots(-slots)
             close_repls(task_queue)
 
@@ -244,8 +313,9 @@ def create_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[CodeModeRunWorkflow],
+        workflows=[CodeModeRunWorkflow if version is None else PinnedCodeModeRunWorkflow],
         activities=activities.all(),
         plugins=plugins,
+        graceful_shutdown_timeout=graceful_shutdown_timeout,
         **worker_options,
     )

@@ -35,8 +35,8 @@ from .._errors import CodeModeUserError
 from .._names import call_digest, call_fingerprint
 from .._signing import ApproverKeyring, legacy_signing_payload, signing_payload
 
-__all__ = ["ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule", "denial_message", "keyring_for",
-           "serve", "serve_keyring", "served_agents"]
+__all__ = ["RULE_GONE", "RULE_UNKNOWN", "ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule",
+           "denial_message", "keyring_for", "rule_verdict", "serve", "serve_keyring", "served_agent", "served_agents"]
 
 
 class ApprovalRuleSource(Protocol):
@@ -52,21 +52,56 @@ _SERVED: dict[str, ApprovalRuleSource] = {}
 """The agents `create_worker` serves in this process, for what workflow code needs of them: approval rules."""
 
 
+RULE_UNKNOWN = "has an approval rule, but this process does not know it"
+"""In `approval_rule`'s error when no agent of that name is served here (a replay without the worker's agents)."""
+
+RULE_GONE = "no longer has an approval rule in this process"
+"""In `approval_rule`'s error when the agent is served here but its tool has no rule now (a deploy dropped it)."""
+
+
 def approval_rule(agent: str, tool: str) -> Callable[[dict[str, Any]], bool]:
     """The approval rule of `tool` of `agent` in this process.
 
+    What runs of behaviour version 1 ask on every replay of a call (later runs record the verdict: `rule_verdict`).
+
     Raises:
-        CodeModeUserError: this process does not serve that agent (e.g. a replay without the worker's agents).
+        CodeModeUserError: this process does not serve that agent (e.g. a replay without the worker's agents), or
+            serves it without a rule for that tool.
 
     """
     served = _SERVED.get(agent)
     rule = served.approval_rule_for(tool) if served is not None else None
+    if rule is None and served is not None:
+        raise CodeModeUserError(
+            f"tool {tool!r} of agent {agent!r} {RULE_GONE}, but this run asks its rule again on every replay: it was "
+            "started by a release that did not record rules' verdicts (behaviour version 1). Replay it, or let it "
+            "finish, with the agent as it was when the run started (the worker version that started it)")
     if rule is None:
         raise CodeModeUserError(
-            f"tool {tool!r} of agent {agent!r} has an approval rule, but this process does not know it: run the "
-            "workflow in a process where `create_worker` serves that agent"
+            f"tool {tool!r} of agent {agent!r} {RULE_UNKNOWN}: run the workflow in a process where `create_worker` "
+            "serves that agent"
         )
     return rule
+
+
+def rule_verdict(agent: str, tool: str, args: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether the approval rule of `tool` sends this call to a person, live; and why it did without asking, if so.
+
+    A rule this process does not have (a deploy dropped it, or the agent), or one that raises, sends the call to a
+    person: the verdict that never lets a call through unchecked, and never fails the workflow task (which would
+    wedge the run in task retries). The second value says why, for the worker's log.
+    """
+    served = _SERVED.get(agent)
+    rule = served.approval_rule_for(tool) if served is not None else None
+    if rule is None:
+        where = "this worker does not serve the agent" if served is None else "this worker's agent has no rule for it"
+        return True, (f"the run recorded that tool {tool!r} of agent {agent!r} has an approval rule, but {where}: "
+                      "the call waits for a person")
+    try:
+        return bool(rule(args)), None
+    except Exception as e:  # a user's rule: whatever it raises, the call is decided by a person
+        return True, (f"the approval rule of tool {tool!r} of agent {agent!r} raised {type(e).__name__}: {e}: the "
+                      "call waits for a person")
 
 
 def serve(agent: ApprovalRuleSource) -> None:
@@ -77,6 +112,11 @@ def serve(agent: ApprovalRuleSource) -> None:
 def served_agents() -> set[str]:
     """The names of the agents workflow code in this process knows."""
     return set(_SERVED)
+
+
+def served_agent(name: str) -> ApprovalRuleSource | None:
+    """The agent called `name` that workflow code in this process knows, if any."""
+    return _SERVED.get(name)
 
 
 _KEYRINGS: dict[str, ApproverKeyring] = {}

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
     from .._decisions import batch_of, decision_of
     from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
+    from .._fingerprints import recorded_output
     from .._names import (
         AFTER_RUN_ACTIVITY,
         CHILD_APPROVALS_SIGNAL,
@@ -67,6 +68,7 @@ with workflow.unsafe.imports_passed_through():
         SEAL_REPL_ACTIVITY,
         STREAM_INFO_QUERY,
         WORKFLOW_TYPE,
+        approval_verdict_marker,
         tool_activity_id,
     )
     from .._results import PREVIEW_CHARS, clip, one_line, preview, printable
@@ -75,6 +77,7 @@ with workflow.unsafe.imports_passed_through():
     from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
+        RECORDED_RULE_VERDICTS,
         AfterRunInput,
         AgentSpec,
         CallRecord,
@@ -95,7 +98,7 @@ with workflow.unsafe.imports_passed_through():
         behavior_version_refusal,
         bound_turns,
     )
-    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for
+    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for, rule_verdict
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
     from ._event_stream import RunEventStream, StreamInfo
@@ -104,7 +107,7 @@ with workflow.unsafe.imports_passed_through():
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
     from ._system_prompts import opening_parts, revalued
 
-__all__ = ["CodeModeRunWorkflow"]
+__all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]
 
 _MODEL_TIMEOUT = timedelta(minutes=5)
 _MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
@@ -195,7 +198,10 @@ def _tool_error(tool: str, error: ActivityError) -> Settled:
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class CodeModeRunWorkflow:
-    """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`."""
+    """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`.
+
+    Workers of a Worker Deployment serve it as `PinnedCodeModeRunWorkflow`, the same workflow declared pinned.
+    """
 
     @workflow.init
     def __init__(self, input: RunInput) -> None:
@@ -216,6 +222,8 @@ class CodeModeRunWorkflow:
         self._started_by: str | None = None
         self._batcher: ToolBatcher | None = None
         """Batches of calls to `ToolOptions(batch=True)` tools, made when the run knows its agent (`run`)."""
+        self._ruled_calls = 0
+        """Calls to tools with an approval rule so far in this workflow run (`approval_verdict_marker`)."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -655,12 +663,14 @@ class CodeModeRunWorkflow:
         false; past them, or on another final failure, the run fails with pydantic-ai's message, not retried.
         """
         assert self._spec is not None
+        shape = recorded_output(self._spec.output)
         run_here = {id(c) for c in functions}
         candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
             OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
-                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings),
+                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings,
+                        output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
             summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
         )
@@ -767,7 +777,7 @@ class CodeModeRunWorkflow:
         self._usage.tool_calls += 1
         wait = None
         pending = None
-        if spec.requires_approval or (spec.approval_rule and approval_rule(self._spec.agent, tool)(args)):
+        if spec.requires_approval or (spec.approval_rule and self._gated_by_rule(tool, call_id, args)):
             now = workflow.now()
             pending = PendingApproval(
                 call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
@@ -783,6 +793,28 @@ class CodeModeRunWorkflow:
         if pending is not None:  # told after the call itself, which it belongs to
             self._progress.approval_waiting(pending, policy=spec.approvers.describe() if spec.approvers else None)
         return call
+
+    def _gated_by_rule(self, tool: str, call_id: str, args: dict[str, Any]) -> bool:
+        """Whether `tool`'s approval rule sends this call to a person: decided once, live, and recorded.
+
+        Live, the rule is asked (`rule_verdict`) and a call it gates records a marker (`approval_verdict_marker`);
+        a replay reads the marker instead of asking the rule, so a deploy that changes or drops the rule never
+        changes an old run's replay, and a replay needs no rule. Runs recorded before (behaviour version 1) ask the
+        rule on every replay, as they ran.
+        """
+        assert self._spec is not None
+        if self._spec.behavior_version < RECORDED_RULE_VERDICTS:
+            return approval_rule(self._spec.agent, tool)(args)
+        self._ruled_calls += 1
+        marker = approval_verdict_marker(self._ruled_calls, call_id)
+        if workflow.unsafe.is_replaying():
+            return workflow.patched(marker)
+        gated, why = rule_verdict(self._spec.agent, tool, args)
+        if why is not None:
+            workflow.logger.warning("run %s, call %s: %s", workflow.info().workflow_id, call_id, why)
+        if gated:
+            workflow.patched(marker)
+        return gated
 
     async def _call_tool(
         self, spec: ToolSpec, args: dict[str, Any], call_id: str,
@@ -955,3 +987,24 @@ class CodeModeRunWorkflow:
                 "there. Keep fewer or smaller files (the agent's operator can give the workers a payload store: "
                 "CODEMODE_PAYLOAD_STORE).")
         return self._files.carry(), None
+
+
+@workflow.defn(name=WORKFLOW_TYPE, versioning_behavior=VersioningBehavior.PINNED)
+class PinnedCodeModeRunWorkflow(CodeModeRunWorkflow):
+    """The run workflow as the workers of a Worker Deployment serve it (`create_worker(deployment=...)`): pinned.
+
+    A run stays on the version whose workers started it (its continue-as-new runs and child runs too, which inherit
+    it) until it ends or is moved (`client/_deploys.move_run`): its recorded spec, rules and stubs belong to that
+    version's code. Temporal's AUTO_UPGRADE would move a paused run onto new code at its next workflow task,
+    unchecked. A class of its own because temporalio 1.35 refuses a workflow that declares a versioning behaviour on
+    a worker without worker versioning ("versioning behavior cannot be specified without deployment options"), so
+    unversioned workers (and replays) serve `CodeModeRunWorkflow`, the same workflow type.
+    """
+
+    @workflow.init
+    def __init__(self, input: RunInput) -> None:
+        super().__init__(input)
+
+    @workflow.run
+    async def run(self, input: RunInput) -> RunResult[Any]:
+        return await super().run(input)

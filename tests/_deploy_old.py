@@ -1,0 +1,12 @@
+"""The `ops` agent's old code, for `codemode check-deploy --worker tests._deploy_old` (see `tests._deploy_agents`)."""
+
+from __future__ import annotations
+
+from durable_codemode import CodeModeAgent
+
+from ._deploy_agents import ops_agent
+
+
+def agents() -> list[CodeModeAgent]:
+    """The old code's agents."""
+    return [ops_agent("old")]
