@@ -157,7 +157,7 @@ DOCS_MODEL_SCRIPT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     # docs/agents.md, deps that hold connections: the balance the tool read through the worker's connection.
     "What is my balance?": ("await customer_balance()", lambda result: f"Your balance is {result['result']}."),
     # docs/agents.md, the same with a plain `def` tool (a worker thread) over a connection shared across threads.
-    "What is my name?": ("customer_name()", lambda result: f"Your name is {result['result']}."),
+    "What is my name?": ("await customer_name()", lambda result: f"Your name is {result['result']}."),
     # docs/agents.md, a sub-agent as a child run: the search run asks the extraction run, which lists the flights.
     "Which flight is cheapest: AK123 at $350 or LA101 at $250?": (
         "await ask_extraction(prompt='AK123 at $350 or LA101 at $250')",
