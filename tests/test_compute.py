@@ -223,6 +223,7 @@ async def test_a_runaway_inside_one_builtin_is_the_runaway_at_its_limit(client: 
     assert computed == ["call_0.compute.0"], computed  # one compute activity: it ended the snippet
 
 
+@pytest.mark.pydantic_ai_independent
 async def test_a_killed_worker_mid_compute_is_retried_on_another(env: WorkflowEnvironment, tmp_path: Path) -> None:
     client = env.client
     task_queue = new_task_queue("compute-kill")

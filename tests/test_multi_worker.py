@@ -49,6 +49,7 @@ async def _wait_for_effects(ledger: Ledger, count: int, timeout: float = 120) ->
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.pydantic_ai_independent
 async def test_killed_worker_runs_finish_on_the_other_exactly_once(env: WorkflowEnvironment, tmp_path: Path) -> None:
     client = env.client
     task_queue = new_task_queue("multi")
@@ -133,6 +134,7 @@ async def test_workers_run_few_workflow_tasks_at_once(env: WorkflowEnvironment, 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.pydantic_ai_independent
 async def test_model_request_lost_with_its_worker_is_retried_after_the_heartbeat_timeout(
         env: WorkflowEnvironment, tmp_path: Path) -> None:
     """A model request heartbeats: killed with its worker, it is retried after 10 s, not after its 5 minutes."""
