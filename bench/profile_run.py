@@ -11,7 +11,8 @@ the sandbox process's own work (the thread waits on it with the GIL released); a
 telemetry, protobuf, Temporal's workflow machinery or its bridge to the Rust core, our workflow code, pydantic-ai
 or asyncio is that part's. A thread blocked on a queue, lock or selector is idle and left out, and so is a
 thread with no Python frame (the SDK core's native threads) and the sandbox pool's own helper threads while they
-wait for work; their waits on Monty (warming a session's checker, ending a session) are a row of their own. It
+wait for work; their waits on Monty (warming a session's checker, ending a session) are a row of their own, and so
+is a workflow-task thread's hand-off of its finished activation to the event loop (`HAND_OFF`). It
 prints one table: µs per nested call, by part (rows) and phase and thread kind (columns); `--raw DIR` keeps
 py-spy's samples.
 
@@ -79,7 +80,12 @@ OTHER = "other (stdlib, bench)"
 WARM_UP = "monty: warm-up, session end (helper threads)"
 """The pool's own threads (`_pool`): a fresh session's checker warmed while the model request is in flight, and
 sessions ended off the workflow thread. Their waits on the sandbox process overlap other work; idle otherwise."""
-ROWS = [name for name, _ in MONTY_CALLS] + [WARM_UP] + [name for name, _ in PARTS if name != IDLE] + [OTHER]
+HAND_OFF = "hand-off to the event loop (GIL)"
+"""A workflow-task thread giving its finished activation back to the event loop (`call_soon_threadsafe`'s write to
+the loop's socket), and taking the GIL back afterwards while the loop, just woken, runs: the thread has nothing left
+to do for the activation then, so this is not on the run's path; it was "asyncio", most of that row's difference."""
+ROWS = ([name for name, _ in MONTY_CALLS] + [WARM_UP, HAND_OFF] + [name for name, _ in PARTS if name != IDLE]
+        + [OTHER])
 
 HELPER_THREADS = (WARMING_THREAD, GIVING_BACK_THREAD)
 _BLOCKING_LINE = re.compile(r"\.get\(\)|\.wait\(|\.acquire\(|time\.sleep\(")
@@ -120,6 +126,8 @@ def part_of(frame: str, thread: str = "") -> str:
                 return WARM_UP if helper else name
         if _BLOCKING_LINE.search(source):
             return IDLE
+    if "_write_to_self" in match["function"] and thread_kind(thread) == "workflow":
+        return HAND_OFF
     if helper:
         return IDLE if any(pattern.search(file) for name, pattern in PARTS if name == IDLE) else WARM_UP
     for name, pattern in PARTS:
