@@ -9,8 +9,12 @@ Each sample is put on one part of the stack by its innermost Python frame and th
 line that calls into Monty (`resume`, `dump`, `load_snapshot`, `feed_start`, a checkout) is Monty's time, with
 the sandbox process's own work (the thread waits on it with the GIL released); a frame in the data converter,
 telemetry, protobuf, Temporal's workflow machinery or its bridge to the Rust core, our workflow code, pydantic-ai
-or asyncio is that part's. A thread blocked on a queue, lock or selector is idle and left out. It prints one
-table: milliseconds per run and µs per nested call, by part (rows) and phase and thread kind (columns).
+or asyncio is that part's. A thread blocked on a queue, lock or selector is idle and left out, and so is a
+thread with no Python frame (the SDK core's native threads) and the sandbox pool's own helper threads while they
+wait for work; their waits on Monty (warming a session's checker, ending a session) are a row of their own, and so
+is a workflow-task thread's hand-off of its finished activation to the event loop (`HAND_OFF`). It
+prints one table: µs per nested call, by part (rows) and phase and thread kind (columns); `--raw DIR` keeps
+py-spy's samples.
 
 Sampling is statistical: a part below a few µs per call is noise. Times are those of `run_bench.py`'s scenario
 and match its wall times within the sampling error; the ratios themselves are `run_bench.py`'s to report.
@@ -44,7 +48,7 @@ from bench.floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.run_bench import CODEMODE_QUEUE, FLOOR_QUEUE, Bench, Kind, machine, make_agent, run_and_exit
 from durable_codemode import CodeModeRunWorkflow, create_worker, start_dev_server
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import shutdown_pool
+from durable_codemode._pool import GIVING_BACK_THREAD, WARMING_THREAD, shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 RATE = 500
@@ -73,7 +77,19 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("asyncio", re.compile(r"(^|/)asyncio/")),
 ]
 OTHER = "other (stdlib, bench)"
-ROWS = [name for name, _ in MONTY_CALLS] + [name for name, _ in PARTS if name != IDLE] + [OTHER]
+WARM_UP = "monty: warm-up, session end (helper threads)"
+"""The pool's own threads (`_pool`): a fresh session's checker warmed while the model request is in flight, and
+sessions ended off the workflow thread. Their waits on the sandbox process overlap other work; idle otherwise."""
+HAND_OFF = "hand-off to the event loop (GIL)"
+"""A workflow-task thread giving its finished activation back to the event loop (`call_soon_threadsafe`'s write to
+the loop's socket), and taking the GIL back afterwards while the loop, just woken, runs: the thread has nothing left
+to do for the activation then, so this is not on the run's path; it was "asyncio", most of that row's difference."""
+ROWS = ([name for name, _ in MONTY_CALLS] + [WARM_UP, HAND_OFF] + [name for name, _ in PARTS if name != IDLE]
+        + [OTHER])
+
+HELPER_THREADS = (WARMING_THREAD, GIVING_BACK_THREAD)
+_BLOCKING_LINE = re.compile(r"\.get\(\)|\.wait\(|\.acquire\(|time\.sleep\(")
+"""A source line that blocks its thread (a queue, an event, a lock, a sleep), when it is the innermost frame."""
 
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
 
@@ -90,17 +106,30 @@ def _full_path(file: str) -> str:
     return file
 
 
-def part_of(frame: str) -> str:
-    """The part of the stack an innermost frame `function (file:line)` belongs to."""
+def part_of(frame: str, thread: str = "") -> str:
+    """The part of the stack an innermost frame `function (file:line)` of `thread` belongs to.
+
+    A thread with no Python frame (py-spy names only the thread: the SDK core's and Monty's native threads,
+    waiting) and a helper thread of the pool blocked on its queue are idle; a helper thread waiting on Monty is
+    `WARM_UP`. (Before 2026-12-06 the pool's give-back thread, blocked on its queue all along, was counted as "our
+    worker code" for the whole of every phase, code mode's and the floor's alike: ~13 ms a call.)
+    """
     match = _FRAME.match(frame)
     if match is None:
-        return OTHER
+        return IDLE
     file = match["file"]
     source = linecache.getline(_full_path(file), int(match["line"]))
+    helper = any(name in thread for name in HELPER_THREADS)
     if "durable_codemode" in file or "pydantic_monty" in file:
         for name, call in MONTY_CALLS:
             if call.search(source):
-                return name
+                return WARM_UP if helper else name
+        if _BLOCKING_LINE.search(source):
+            return IDLE
+    if "_write_to_self" in match["function"] and thread_kind(thread) == "workflow":
+        return HAND_OFF
+    if helper:
+        return IDLE if any(pattern.search(file) for name, pattern in PARTS if name == IDLE) else WARM_UP
     for name, pattern in PARTS:
         if pattern.search(file):
             return name
@@ -122,13 +151,17 @@ def read_samples(path: Path) -> dict[str, dict[str, int]]:
         frames = stack.split(";")
         if any(frame.startswith("sampled (") for frame in frames):
             continue  # the sampler's own start (a blocking sleep while py-spy attaches)
-        counts[thread_kind(frames[0])][part_of(frames[-1])] += int(count)
+        counts[thread_kind(frames[0])][part_of(frames[-1], frames[0])] += int(count)
     return counts
 
 
 @asynccontextmanager
-async def sampled(into: dict[str, dict[str, dict[str, int]]], phase: str) -> AsyncIterator[None]:
-    """Sample this process with py-spy for the block; the samples land in `into[phase]`."""
+async def sampled(into: dict[str, dict[str, dict[str, int]]], phase: str,
+                  keep: Path | None = None) -> AsyncIterator[None]:
+    """Sample this process with py-spy for the block; the samples land in `into[phase]`.
+
+    `keep`: a folder to copy py-spy's raw output into too, as `<phase>.txt`.
+    """
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     out = Path(tempfile.mkdtemp()) / "samples.txt"
     process = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", str(RATE), "--idle",
@@ -144,6 +177,9 @@ async def sampled(into: dict[str, dict[str, dict[str, int]]], phase: str) -> Asy
             raise RuntimeError(f"py-spy wrote no samples ({err.decode(errors='replace').strip()}); on Linux it "
                                "needs ptrace: run as root, or set kernel.yama.ptrace_scope=0")
         into[phase] = read_samples(out)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(out, keep / f"{phase.replace(' ', '_')}.txt")
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -165,10 +201,10 @@ async def run(args: argparse.Namespace) -> int:
         async with cm_worker, floor_worker:
             await bench.run_codemode(kind, n)  # warm-up, unmeasured: imports, the sandbox pool, pollers
             await bench.run_floor(kind, n)
-            async with sampled(samples, "cm run"):
+            async with sampled(samples, "cm run", args.raw):
                 for _ in range(args.reps):
                     histories["cm"].append((await bench.run_codemode(kind, n))[1])
-            async with sampled(samples, "floor run"):
+            async with sampled(samples, "floor run", args.raw):
                 for _ in range(args.reps):
                     histories["floor"].append((await bench.run_floor(kind, n))[1])
         replay_exec = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-workflow-task")
@@ -176,7 +212,7 @@ async def run(args: argparse.Namespace) -> int:
             replayer = Replayer(workflows=[workflow_class], data_converter=DATA_CONVERTER,
                                 workflow_runner=workflow_runner(), workflow_task_executor=replay_exec)
             await replayer.replay_workflow(histories[side][0])  # warm-up
-            async with sampled(samples, f"{side} replay"):
+            async with sampled(samples, f"{side} replay", args.raw):
                 for history in histories[side]:
                     await replayer.replay_workflow(history)
     finally:
@@ -220,6 +256,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kind", choices=["gather", "sequential"], default="sequential")
     parser.add_argument("--n", type=int, default=200, help="nested calls per run")
     parser.add_argument("--reps", type=int, default=5, help="sampled runs (and replays) per side")
+    parser.add_argument("--raw", type=Path, metavar="DIR", help="keep py-spy's raw samples of each phase in DIR")
     args = parser.parse_args(argv)
     run_and_exit(run(args))
 

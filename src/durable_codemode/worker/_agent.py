@@ -442,18 +442,24 @@ class CodeModeAgent:
         return self._deps_factory is not None
 
     def run_context(self, *, tool_name: str | None = None, call_id: str | None = None,
-                     attempt: int = 1, max_retries: int | None = None, deps: Any = None) -> RunContext[Any]:
+                     attempt: int = 1, max_retries: int | None = None, deps: Any = None,
+                     usage: RunUsage | None = None) -> RunContext[Any]:
         """The `RunContext` pydantic-ai would give a tool, a `prepare` function or a hook of this run, on the worker.
 
         `max_retries`: the tool's own budget (`ToolsetTool.max_retries`) for a tool call; elsewhere the agent's
-        tool budget, which a toolset listing its tools gives those without one of their own.
+        tool budget, which a toolset listing its tools gives those without one of their own. `usage`: the
+        context's `ctx.usage` (`None`: a fresh one).
+
+        Built in one go, once per tool call: a `dataclasses.replace` of a `RunContext` runs its `__init__` hooks
+        again, so each one cost about as much as the context (measured per tool call on these machines).
         """
         model = self.agent.model
         run_id = activity.info().workflow_id if activity.in_activity() else None  # the durable run's id
+        validation = self.agent.validation_context
         ctx = RunContext(
             deps=self.deps if deps is None else deps,
             model=model if isinstance(model, Model) else infer_model(model or "test"),
-            usage=RunUsage(),
+            usage=RunUsage() if usage is None else usage,
             agent=self.agent,
             tool_name=tool_name,
             tool_call_id=call_id,
@@ -462,9 +468,11 @@ class CodeModeAgent:
             max_retries=agent_settings(self.agent).tool_retries if max_retries is None else max_retries,
             run_id=run_id, conversation_id=run_id,  # a durable run is one conversation, continued as new or not
             capabilities=registered_capabilities(self.agent),
+            validation_context=None if callable(validation) else validation,
         )
-        validation = self.agent.validation_context
-        return replace(ctx, validation_context=validation(ctx) if callable(validation) else validation)
+        if callable(validation):  # it reads the context it belongs to
+            ctx = replace(ctx, validation_context=validation(ctx))
+        return ctx
 
     async def tools(
         self, ctx: RunContext[Any] | None = None

@@ -37,16 +37,21 @@ async def heartbeating(call: Awaitable[_T], details: Callable[[], Sequence[Any]]
     if not timeout or timeout <= timedelta(0):
         return await call
 
-    async def beat() -> None:
-        # The first beat only once the call has run a third of its timeout: a short call (most tool calls) then
-        # sends none, where a beat at its start cost a heartbeat RPC per call. A dead worker is still noticed in
-        # time: the server counts the heartbeat timeout from the attempt's start until its first beat.
-        while True:
-            await asyncio.sleep(timeout.total_seconds() / _BEATS_PER_TIMEOUT)
-            activity.heartbeat(*(details() if details is not None else ()))
+    # The first beat only once the call has run a third of its timeout: a short call (most tool calls) then sends
+    # none, where a beat at its start cost a heartbeat RPC per call. A dead worker is still noticed in time: the
+    # server counts the heartbeat timeout from the attempt's start until its first beat. A timer on the loop, not
+    # a task: a task made and cancelled around every call cost two more turns of the event loop per call.
+    loop = asyncio.get_running_loop()
+    interval = timeout.total_seconds() / _BEATS_PER_TIMEOUT
+    timer: asyncio.TimerHandle
 
-    beats = asyncio.create_task(beat())
+    def beat() -> None:  # runs in this activity's context (`call_later` copies it), as `activity.heartbeat` needs
+        nonlocal timer
+        activity.heartbeat(*(details() if details is not None else ()))
+        timer = loop.call_later(interval, beat)
+
+    timer = loop.call_later(interval, beat)
     try:
         return await call
     finally:
-        beats.cancel()
+        timer.cancel()

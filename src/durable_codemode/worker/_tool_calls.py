@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.usage import RunUsage
@@ -55,9 +54,7 @@ async def call_tool(durable: CodeModeAgent, tool_name: str, args: dict[str, Any]
             "other arguments or another result than the stub this run's programs were checked against, so the "
             "call was not made. Runs started from now on see the new schema; start a new run to use it")
     ctx = durable.run_context(tool_name=tool_name, call_id=call_id, attempt=attempt, max_retries=tool.max_retries,
-                              deps=run_deps)
-    if usage is not None:
-        ctx = replace(ctx, usage=usage)
+                              deps=run_deps, usage=usage)
     instrumentation = instrumentation_of(agent)
     try:
         if durable.capability_use.tool_hooks or instrumentation is not None:
