@@ -242,6 +242,50 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     await replay(handle)
 
 
+async def test_an_attempt_cut_off_by_a_worker_shutdown_says_so_and_is_an_error(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+    agent = Agent(scripted_model(RunCode("await hold(n=1)"), RunCode("await fail(kind='x')"), "done"),
+                  name="otel-cut-off")
+
+    @agent.tool_plain
+    async def hold(n: int) -> int:
+        """Wait for the test, then answer `n` (the first attempt is cut off by its worker's shutdown)."""
+        started.set()
+        await release.wait()
+        return n
+
+    @agent.tool_plain
+    def fail(kind: str) -> None:
+        """Raise a ValueError."""
+        raise ValueError(f"bad {kind}")
+
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks") as client_span:
+        async with running_worker(traced, [CodeModeAgent(agent)], task_queue=tq):
+            handle = await start_run(traced, "otel-cut-off", "go", task_queue=tq)
+            await started.wait()
+        # That worker is gone (its shutdown cancelled the attempt); the next one retries the call.
+        release.set()
+        async with running_worker(traced, [CodeModeAgent(agent)], task_queue=tq):
+            assert (await handle.result()).output == "done"
+    trace_id = client_span.get_span_context().trace_id
+    attempts = sorted((s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                       and s.name.startswith("codemode.attempt otel-cut-off.")), key=lambda s: s.start_time or 0)
+    assert [(s.name.split(".")[-1], _attrs(s)["codemode.attempt"], _attrs(s)["codemode.outcome"], s.status.status_code)
+            for s in attempts] == [("hold", 1, "cut_off", StatusCode.ERROR), ("hold", 2, "ok", StatusCode.UNSET),
+                                   ("fail", 1, "failed", StatusCode.ERROR)]
+    assert "the worker shut down during the attempt" in (attempts[0].status.description or "")
+    assert attempts[2].status.description == "ValueError: bad x"
+    model = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+             and s.name == "codemode.attempt durable-codemode.model_request"]
+    assert model and all(_attrs(s)["codemode.outcome"] == "ok" for s in model)
+    await replay(handle)
+
+
 def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     from durable_codemode import _telemetry
 

@@ -8,7 +8,8 @@ codemode.run cart                              the workflow run (one per run of 
 │  └─ codemode.attempt durable-codemode.model_request   the activity itself, on the worker that ran it
 ├─ codemode.run_code call_0                    code, line count, result size, outcome
 │  ├─ codemode.call get  call_0.0              tool, call id, argument and result sizes, approval wait
-│  │  └─ codemode.attempt cart.get             one per attempt (attribute codemode.attempt), in the activity
+│  │  └─ codemode.attempt cart.get             one per attempt (codemode.attempt), in the activity, with its
+│  │                                             outcome: ok, failed, cut_off, timed_out, cancelled (`_attempt_outcome`)
 │  └─ ...
 └─ codemode.model_request turn 1
 ```
@@ -41,6 +42,7 @@ observed there, never through the workflow's own methods.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -59,6 +61,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 from temporalio import activity, workflow
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from ._errors import CodeModeUserError
 from ._names import (
@@ -556,8 +559,53 @@ class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
                                       RUN_ERROR_ACTIVITY):  # a tool call's
             attributes["codemode.call_id"] = info.activity_id.rsplit("-", 1)[0]
         tracer = trace.get_tracer(TRACER_NAME)
-        with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes=attributes):
-            return await super().execute_activity(input)
+        span = tracer.start_span(f"codemode.attempt {info.activity_type}", attributes=attributes)
+        try:
+            with _current(span):
+                result = await super().execute_activity(input)
+        except BaseException as e:
+            _attempt_failed(span, e)
+            span.end()
+            raise
+        span.set_attribute("codemode.outcome", "ok")
+        span.end()
+        return result
+
+
+def _attempt_outcome(error: BaseException) -> tuple[str, str | None]:
+    """What became of an activity attempt that raised `error`: its outcome, and its error status (`None`: no error).
+
+    A cancellation is told apart by its cause, since an attempt cut off by its worker's shutdown or by a timeout
+    raises the same `CancelledError` as one the run cancelled, and each is retried (or not) differently.
+    """
+    if type(error).__name__ == "_CompleteAsyncError":  # `activity.raise_complete_async()`: not an end at all
+        return "completes_async", None
+    if not isinstance(error, (asyncio.CancelledError, CancelledError)):
+        kind = error.type if isinstance(error, ApplicationError) and error.type else type(error).__name__
+        text = str(error)  # a tool's failure already reads "ValueError: ..."
+        return "failed", text if text.startswith(f"{kind}:") else f"{kind}: {text}"
+    details = activity.cancellation_details()
+    if activity.is_worker_shutdown() or (details is not None and details.worker_shutdown):
+        return "cut_off", ("cut off: the worker shut down during the attempt, so it did not finish; Temporal "
+                           "retries the call (on another worker)")
+    if details is not None and details.timed_out:
+        return "timed_out", ("cut off: the attempt timed out (its heartbeat or start-to-close timeout) before it "
+                             "finished; Temporal retries the call within its retry policy")
+    if details is not None and (details.paused or details.reset):
+        what = "paused" if details.paused else "reset"
+        return what, f"cut off: the activity was {what} by an operator during the attempt"
+    return "cancelled", "cancelled: the run cancelled the call (or the run itself was cancelled) during the attempt"
+
+
+def _attempt_failed(span: Span, error: BaseException) -> None:
+    """Mark an attempt's span with what became of it (`_attempt_outcome`), its status an error unless it was none."""
+    outcome, problem = _attempt_outcome(error)
+    span.set_attribute("codemode.outcome", outcome)
+    if problem is None:
+        return
+    if isinstance(error, Exception):
+        span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, problem[:1000]))
 
 
 class _CodeModeTracingInterceptor(temporalio.worker.Interceptor):
