@@ -164,7 +164,8 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
             details = await eventually_details(handle, "waiting for approval")
     # The worker is gone while the call waits; a new one replays the run from history and goes on.
     assert details.splitlines() == ["waiting for approval of 1 call(s): call_1.1 refund",
-                                    "model turn 1: snippet call_1 waiting: 1 call in flight, 1 done"]
+                                    "model turn 1: snippet call_1 waiting: 0 calls in flight, 1 waiting for approval, "
+                                    "1 done"]
     async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0, unsigned_approvals=True):
         await asyncio.sleep(0.2)  # a measurable approval wait
         await decide(client, handle.id, "call_1.1", approved=True, approver="ana")

@@ -1,7 +1,9 @@
 """What a run is doing, for people: the Temporal UI's current details, and its status for `codemode runs`.
 
 - **Current details** (`workflow.set_current_details`) say the run's phase: `model turn 3`, `model turn 3:
-  snippet call_3 running: 120 calls in flight, 80 done`, or, first, `waiting for approval of 2 call(s): ...`.
+  snippet call_3 running: 120 calls in flight, 80 done`, or, first, `waiting for approval of 2 call(s): ...`
+  (then `snippet call_3 waiting: 0 calls in flight, 2 waiting for approval, 5 done`: a call waiting for a person
+  has not started, so it is not in flight). The model's call ids in them are escaped (`_results.printable`).
   They live in workflow memory and reach the UI (and `current_details()`) through Temporal's built-in metadata
   query; they are not written to history, so updating them on every call start and finish of a 200-call gather
   costs no event and no byte (measured: the same event count and history size with and without). Nothing reads
@@ -28,6 +30,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 
 from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
+from .._results import clip, printable
 from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
 
 if TYPE_CHECKING:
@@ -55,7 +58,8 @@ class RunProgress:
         self._approvals = approvals
         self._turn: int | None = None
         self._snippet: str | None = None
-        self._in_flight = 0
+        self._open: set[str] = set()
+        """The calls made and not yet settled (their approval wait included): in flight, or waiting for a person."""
         self._done = 0
         self._status: str | None = None
         self._status_via: str | None = None
@@ -73,11 +77,15 @@ class RunProgress:
             lines.append(waiting)
         if self._turn is not None:
             where = f"model turn {self._turn}"
+            # A call waiting for a person has not started: it is not "in flight".
+            gated = sum(1 for call_id in self._open if call_id in self._approvals().pending)
+            calls = f"{_calls(len(self._open) - gated)} in flight, " + (
+                f"{gated} waiting for approval, " if gated else "") + f"{self._done} done"
             if self._snippet is not None:
                 verb = "waiting" if waiting else "running"
-                where += f": snippet {self._snippet} {verb}: {_calls(self._in_flight)} in flight, {self._done} done"
-            elif self._in_flight or self._done:
-                where += f": {_calls(self._in_flight)} in flight, {self._done} done"
+                where += f": snippet {printable(clip(self._snippet, 80))} {verb}: {calls}"
+            elif self._open or self._done:
+                where += f": {calls}"
             lines.append(where)
         return "\n".join(lines)
 
@@ -145,7 +153,8 @@ class RunProgress:
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
                       ) -> Coroutine[Any, Any, ModelResponse]:
         """Around a model request: the run is now at model turn `turn`."""
-        self._turn, self._snippet, self._in_flight, self._done = turn, None, 0, 0
+        self._turn, self._snippet, self._done = turn, None, 0
+        self._open.clear()
         self.show()
         return self.telemetry.model_request(coro, turn=turn, model=model)
 
@@ -155,12 +164,14 @@ class RunProgress:
         return self._snippet_running(self.telemetry.snippet(coro, call_id=call_id, code=code), call_id)
 
     async def _snippet_running(self, coro: Coroutine[Any, Any, SnippetOutcome], call_id: str) -> SnippetOutcome:
-        self._snippet, self._in_flight, self._done = call_id, 0, 0
+        self._snippet, self._done = call_id, 0
+        self._open.clear()
         self.show()
         try:
             return await coro
         finally:
-            self._snippet, self._in_flight, self._done = None, 0, 0
+            self._snippet, self._done = None, 0
+            self._open.clear()
             self.show()
 
     def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
@@ -214,7 +225,7 @@ class RunProgress:
         its first step (an eviction cancels every task), and a coroutine made but never started would be
         reported as "never awaited".
         """
-        self._in_flight += 1
+        self._open.add(call_id)
         self.show()
         return self._counted(start, tool, call_id, args, self._approvals())
 
@@ -223,6 +234,7 @@ class RunProgress:
         try:
             return await self.telemetry.call(start(), tool=tool, call_id=call_id, args=args, approvals=approvals)
         finally:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._done += 1
+            if call_id in self._open:  # else counted already, or in a snippet or turn that ended before it
+                self._open.discard(call_id)
+                self._done += 1
             self.show()
