@@ -661,10 +661,20 @@ async def _check_refusal(block: Block, ns: dict[str, Any], given: Given) -> None
                  block.where)
 
 
+async def _check_summaries(block: Block, ns: dict[str, Any], given: Given) -> None:
+    """observability.md's Temporal UI summaries: what `call_summary` makes of the three calls it names."""
+    from durable_codemode._results import call_summary
+
+    made = [call_summary("fetch", {"key": "abc\u202edef"}), call_summary("fetch", {"key": "x" * 300}),
+            call_summary("transfer", {"to": "A\x1b[2K\x1b[1Gsafe", "cents": 5})]
+    assert [line for line in block.text.splitlines() if line.strip()] == made, f"{block.where}: {made}"
+
+
 OUTPUT_CHECKS: dict[str, Callable[[Block, dict[str, Any], Given], Awaitable[None]]] = {
     "divergence": _check_divergence,  # a real replay whose snippet was edited, as tests/test_debugging.py does
     "refusal": _check_refusal,
     "spans": _check_spans,
+    "summaries": _check_summaries,
 }
 """The `<!-- docs-test: output NAME -->` checkers: each makes the output now and compares."""
 
