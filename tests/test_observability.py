@@ -287,6 +287,44 @@ async def test_an_attempt_cut_off_by_a_worker_shutdown_says_so_and_is_an_error(
     await replay(handle)
 
 
+async def test_a_run_waiting_for_a_person_exports_the_spans_before_its_pause(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    # A span is exported once its workflow task is known recorded: a run that goes on shows it at its next task;
+    # one that waits for a person (no next task for hours) has its history read by the worker about a second on.
+    refunds: list[str] = []
+    agent = shop_agent("otel-quiet", RunCode("x = await get(i=4)\nawait refund(order='Q', cents=x)"), "done",
+                       refunds=refunds)
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks") as client_span:
+        async with running_worker(traced, [agent], task_queue=tq, unsigned_approvals=True):
+            handle = await start_run(traced, "otel-quiet", "go", task_queue=tq)
+            await eventually_details(handle, "waiting for approval")
+            trace_id = client_span.get_span_context().trace_id
+
+            def exported(name: str) -> list[ReadableSpan]:
+                return [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                        and s.name == name]
+
+            for _ in range(400):  # the worker reads the history ~1 s after the run went quiet (20 s at most here)
+                if exported("codemode.call get"):
+                    break
+                await asyncio.sleep(0.05)
+            (call,) = exported("codemode.call get")
+            assert _attrs(call)["codemode.call_id"] == "call_0.0" and _attrs(call)["codemode.outcome"] == "ok"
+            assert exported("codemode.model_request turn 0") and not exported("codemode.run otel-quiet")
+            await decide(client, handle.id, "call_0.1", approved=True, approver="ana")
+            assert (await handle.result()).output == "done"
+    # The rest, once the worker stops (or sooner): each span once.
+    names = Counter(s.name for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                    and not s.name.startswith("codemode.attempt"))
+    assert names == Counter({"codemode.run otel-quiet": 1, "codemode.model_request turn 0": 1,
+                             "codemode.model_request turn 1": 1, "codemode.run_code call_0": 1,
+                             "codemode.call get": 1, "codemode.call refund": 1, "client asks": 1})
+    await replay(handle)
+
+
 def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     from durable_codemode import _telemetry
 

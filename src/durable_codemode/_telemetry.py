@@ -14,14 +14,16 @@ codemode.run cart                              the workflow run (one per run of 
 └─ codemode.model_request turn 1
 ```
 
-How the workflow-side spans get real durations and never duplicate on replay:
+How the workflow-side spans get real durations and are exported once per run:
 - They are created with the process's global tracer provider, which must be Temporal's replay-safe one
   (`temporalio.contrib.opentelemetry.create_tracer_provider()`): span and trace ids come from a random generator
-  seeded by the workflow, so a replay re-creates every span with the same id; a span's `end()` is dropped while
-  the workflow replays history (eviction counts as replay); a span started during a replay gets the replayed
-  event's time as its start. So a span is exported once, by the worker that sees it end live, with the time it
-  really started (from history when that worker replayed its start) and the time it really ended, and a child
-  exported before an eviction keeps pointing at the right parent.
+  seeded by the workflow, so a replay re-creates every span with the same id; a span started during a replay gets
+  the replayed event's time as its start, so a child exported before an eviction keeps pointing at the right
+  parent.
+- A span's end made while history replays is dropped (`_end`); one made live is handed to the worker that runs the
+  task (`_span_exports`), which exports it once the server has recorded that task as completed by this worker, and
+  drops it if not (the task then ran live again, where it ended again): one export per run across any number of
+  workers, replays and refused or timed-out tasks.
 - A span that ends by an exception that fails the workflow *task* (a bug, no sandbox process free) is not ended:
   the task is retried and re-creates it. A coroutine closed by garbage collection (a worker that shut down with
   the run cached) ends nothing either.
@@ -45,8 +47,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import Token
@@ -71,6 +71,7 @@ from ._names import (
     OUTPUT_ACTIVITY,
     RUN_ERROR_ACTIVITY,
 )
+from ._span_exports import span_ended
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
@@ -136,34 +137,15 @@ def _current(span: Span) -> Iterator[None]:
         _detach(token)
 
 
-_ENDED: OrderedDict[tuple[int, int], None] = OrderedDict()
-"""(trace id, span id) of the workflow-side spans this process has ended, newest last, at most `_ENDED_MAX`.
-
-Span ids are seeded by the workflow, so a span's every re-creation has its id. The replay-safe provider drops an
-`end()` made while history replays, yet under load a span was exported twice with no workflow task failing,
-while `tests/test_observability.py` queried an uncached run every 50 ms (most likely a query answered beside an
-outstanding workflow task, whose events then ran live again). Ending a span only once per process closes that; a
-duplicate across two workers would need both to see it end live."""
-
-_ENDED_MAX = 100_000
-_ended_lock = threading.Lock()  # determinism: ok (guards a process-wide set; decides no workflow step)
-
-
 def _end(span: Span) -> None:
-    # Outside workflow code (a coroutine finalised by the garbage collector) the replay-safe span cannot tell a
-    # replay from a live run, so nothing ends there.
-    if not workflow.in_workflow():
+    """End a workflow-side span: live, hand it to the worker that runs this task (`_span_exports.span_ended`).
+
+    Ended while history replays, it is dropped: the worker that recorded its end exports it. Outside workflow code
+    (a coroutine finalised by the garbage collector) nothing ends: there a replay cannot be told from a live run.
+    """
+    if not workflow.in_workflow() or workflow.unsafe.is_replaying_history_events():
         return
-    context = span.get_span_context()
-    key = (context.trace_id, context.span_id)
-    with _ended_lock:
-        if key in _ENDED:
-            return
-        if not workflow.unsafe.is_replaying_history_events():  # a replayed end is dropped: it may still end live
-            _ENDED[key] = None
-            if len(_ENDED) > _ENDED_MAX:
-                _ENDED.popitem(last=False)
-    span.end()
+    span_ended(span)
 
 
 def _close(span: Span, error: BaseException) -> None:

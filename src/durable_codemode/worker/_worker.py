@@ -24,6 +24,7 @@ from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
 from .._pool import POOL, PoolSettings, check_sandbox_binary
 from .._signing import ApproverKeyring
+from .._span_exports import WorkerSpans
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
 from ..workflow._approval_state import serve, serve_keyring
@@ -34,6 +35,7 @@ from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._mcp import McpServers
 from ._seal import repl_key_from_env
+from ._span_settling import SpanRecordingRunner, settle_all, settle_spans
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
@@ -214,6 +216,14 @@ def create_worker(
     worker_options.setdefault("workflow_runner", workflow_runner())
 
     mcp_servers = McpServers([agent.agent for agent in agents])
+    if tracing is None:
+        tracing = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
+    spans: WorkerSpans | None = None
+    if tracing:
+        worker_options["interceptors"] = [*worker_options.get("interceptors", ()), *worker_interceptors(client)]
+        # Each workflow-side span is exported once, by this worker once the server recorded its task (`_span_exports`).
+        spans = WorkerSpans()
+        worker_options["workflow_runner"] = SpanRecordingRunner(worker_options["workflow_runner"], spans)
 
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
@@ -227,6 +237,8 @@ def create_worker(
                 in_process, settings.max_processes)
         shrink = asyncio.create_task(stop_idle_sandboxes(settings.idle_shutdown_seconds),
                                      name="durable-codemode idle sandbox shutdown")
+        settling = None if spans is None else asyncio.create_task(
+            settle_spans(client, spans), name="durable-codemode span settling")
         try:
             async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
                 yield
@@ -234,14 +246,13 @@ def create_worker(
             shrink.cancel()
             POOL.reserve_task_slots(-slots)
             close_repls(task_queue)
+            if settling is not None and spans is not None:
+                settling.cancel()
+                await settle_all(client, spans)  # its runs' last spans: no next activation will export them
 
-    if tracing is None:
-        tracing = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
-    if tracing:
-        worker_options["interceptors"] = [*worker_options.get("interceptors", ()), *worker_interceptors(client)]
     plugins = [*worker_options.pop("plugins", []),
                SimplePlugin("durable-codemode-sandbox-release", run_context=release_sandboxes_on_shutdown)]
-    return Worker(
+    worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[CodeModeRunWorkflow],
@@ -249,3 +260,6 @@ def create_worker(
         plugins=plugins,
         **worker_options,
     )
+    if spans is not None:  # as the server records this worker's task completions
+        spans.identity = worker.config().get("identity") or client.identity
+    return worker
