@@ -172,7 +172,7 @@ async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> N
         rc, out, err = await _codemode(address, "approvals", handle.id)
         assert rc == 0, err
         assert "call_0.0" in out and "call_0.1" in out and "refund" in out
-        assert '"order": "G"' in out
+        assert "order='G'" in out
         rc, out, err = await _codemode(address, "approve", handle.id, "call_0.7")
         assert rc == 1 and "no call 'call_0.7' is waiting" in err
         rc, out, err = await _codemode(address, "approve", handle.id, "call_0.0", "--note", "fine")
