@@ -28,6 +28,7 @@ from ._errors import (
     RunNotFoundError,
     TransientToolError,
     UnsupportedBehaviorVersionError,
+    WorkerBusyError,
     WorkerUnavailableError,
 )
 from ._files import RunFiles
@@ -101,6 +102,7 @@ __all__ = [
     "TransientToolError",
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
+    "WorkerBusyError",
     "WorkerUnavailableError",
     "add_child_run_tool",
     "child_run_tool",
