@@ -4,15 +4,18 @@ Every run records `AgentSpec.behavior_version` when it starts. A run recorded wi
 replay (0.1.0's runs record none: version 0) is refused by a workflow-task failure that names the release that
 replays it, so the run is never failed: it waits, unchanged, for a worker of that release or for someone to end it.
 
-`tests/histories/behavior_version_1.json` is a run of this behaviour version, recorded once by
+`tests/histories/behavior_version_<N>.json` is a run of behaviour version N, recorded once by
 `python -m tests.test_behavior_version` (a program that gathers, draws random numbers, reads the clock, sleeps,
-waits for a person's approval and reuses its names in a second snippet); it must replay as long as version 1 is
-supported. The three `before_*.json` histories were recorded by 0.1.0.
+waits for a person's approval and reuses its names in a second snippet) with the release that introduced N; each
+must replay as long as its version is supported. Version 2 adds the status the run's code ends it with. The three
+`before_*.json` histories were recorded by 0.1.0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 from pathlib import Path
 
@@ -25,7 +28,7 @@ from temporalio.worker import Replayer
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, ToolOptions, UnsupportedBehaviorVersionError
 from durable_codemode._converter import DATA_CONVERTER
 from durable_codemode._names import WORKFLOW_TYPE
-from durable_codemode._types import BEHAVIOR_VERSION, Continuation, RunInput
+from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, Continuation, RunInput
 from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 from durable_codemode.worker._worker import workflow_runner
@@ -71,8 +74,19 @@ async def _replayed(name: str, text: str) -> BaseException | None:
     return result.replay_failure
 
 
-async def test_a_run_of_this_behaviour_version_replays_as_it_ran() -> None:
-    assert await _replayed("current", CURRENT.read_text()) is None
+@pytest.mark.parametrize("version", range(OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION + 1))
+async def test_a_run_of_every_supported_behaviour_version_replays_as_it_ran(version: int) -> None:
+    recorded = HISTORIES / f"behavior_version_{version}.json"
+    assert await _replayed(recorded.name, recorded.read_text()) is None
+
+
+def test_a_run_of_version_2_records_how_it_ended_and_one_of_version_1_does_not() -> None:
+    # The one command version 2 adds: the status the run's code ends it with, in the task that ends it.
+    for version, statuses in ((1, ["waiting", "running"]), (2, ["waiting", "running", "completed"])):
+        events = json.loads((HISTORIES / f"behavior_version_{version}.json").read_text())["events"]
+        upserts = [e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"]
+                   ["CodemodeStatus"]["data"] for e in events if "upsertWorkflowSearchAttributesEventAttributes" in e]
+        assert [json.loads(base64.b64decode(data)) for data in upserts] == statuses
 
 
 @pytest.mark.parametrize("recorded", RECORDED_BY_0_1)

@@ -37,6 +37,8 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
     assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
+    assert (_names.STATUS_COMPLETED, _names.STATUS_FAILED, _names.STATUS_CANCELLED) == ("completed", "failed",
+                                                                                        "cancelled")
     # Approvals: update and signal names, and the update id a decision goes under (clients of every release send
     # it; the validator accepts a decision under an id of this form only if it is that approver's about that call).
     from durable_codemode import _approvals, _decisions
@@ -69,7 +71,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
     from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
-    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (1, 1)
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (2, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
     assert _names.call_id_of_activity(_names.tool_activity_id("call_1-a.7", "get", {})) == "call_1-a.7"
     assert _names.tool_of_activity_type(_names.tool_activity_type("my.agent", "get")) == "get"

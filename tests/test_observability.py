@@ -396,8 +396,78 @@ async def test_runs_filter_by_agent_and_status_search_attributes(client: Client)
         assert rc == 0 and waiting.id in out and "waiting for approval" in out and done.id not in out, err
         await decide(client, waiting.id, "call_0.0", approved=True)
         await waiting.result()
-        assert (await waiting.describe()).typed_search_attributes.get(STATUS_KEY) == "running"
+        assert (await waiting.describe()).typed_search_attributes.get(STATUS_KEY) == "completed"
     await replay(waiting)
+
+
+async def test_the_status_follows_a_run_to_its_end_whatever_ended_it(client: Client) -> None:
+    from pydantic_ai.usage import UsageLimits
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    from .test_debugging import address, codemode
+
+    suffix = os.urandom(3).hex()
+    gate = asyncio.Event()
+    wait = "await refund(order='W', cents=1)"
+    agent = shop_agent(f"end-{suffix}", RunCode(wait), "done", refunds=[])
+    twice = shop_agent(f"end-twice-{suffix}", RunCode("await get(i=1)"), RunCode("await get(i=2)"), "done",
+                       refunds=[])
+    busy = Agent(scripted_model(RunCode("await hold()"), "done"), name=f"end-busy-{suffix}")
+
+    @busy.tool_plain
+    async def hold() -> str:
+        """Answer once the test opens its gate."""
+        await gate.wait()
+        return "held"
+
+    tq = new_task_queue()
+    scope = f"TaskQueue = '{tq}'"
+    async with running_worker(client, [agent, twice, CodeModeAgent(busy)], task_queue=tq, unsigned_approvals=True):
+        cancelled = await start_run(client, agent.name, "go", task_queue=tq)
+        terminated = await start_run(client, agent.name, "go", task_queue=tq)
+        running = await start_run(client, busy.name, "go", task_queue=tq)
+        for handle in (cancelled, terminated):
+            await eventually_details(handle, "waiting for approval")
+        await eventually_details(running, "1 call in flight")
+        # Open runs: `running` and `waiting` tell them apart (before, `--status running` listed waiting runs too).
+        assert await _listed(client, {running.id}, status="running", query=scope) == {running.id: "running"}
+        assert set(await _listed(client, {cancelled.id, terminated.id}, status="waiting", query=scope)) == {
+            cancelled.id, terminated.id}
+        rc, out, err = await codemode("runs", "--status", "running", "--query", scope, address=address(client))
+        assert rc == 0 and running.id in out and cancelled.id not in out and terminated.id not in out, (out, err)
+
+        await cancelled.cancel()  # while its call waits for a person: the run's code ends it as cancelled
+        await terminated.terminate("the test ends it without its code running")
+        failed = await start_run(client, twice.name, "go", task_queue=tq, usage_limits=UsageLimits(request_limit=1))
+        with pytest.raises(WorkflowFailureError):
+            await failed.result()
+        gate.set()
+        await running.result()
+        with pytest.raises(WorkflowFailureError):
+            await cancelled.result()
+
+    async def status(handle: WorkflowHandle[Any, Any]) -> tuple[WorkflowExecutionStatus | None, str | None]:
+        described = await handle.describe()
+        return described.status, described.typed_search_attributes.get(STATUS_KEY)
+
+    assert await status(running) == (WorkflowExecutionStatus.COMPLETED, "completed")
+    assert await status(failed) == (WorkflowExecutionStatus.FAILED, "failed")
+    assert await status(cancelled) == (WorkflowExecutionStatus.CANCELED, "cancelled")
+    # Temporal ended it without its code running: its status is what it was; Temporal's own says it is closed.
+    assert await status(terminated) == (WorkflowExecutionStatus.TERMINATED, "waiting")
+    ended = {running.id: "completed", failed.id: "failed", cancelled.id: "cancelled", terminated.id: "terminated"}
+    for _ in range(100):  # visibility is eventually consistent: until it has seen every end
+        listed = {r.workflow_id: r.state for r in await list_runs(client, query=scope)}
+        open_ = [r for state in ("waiting", "running") for r in await list_runs(client, status=state, query=scope)]
+        # The UI's query for runs waiting for a person names the execution status too (docs/observability.md).
+        ui = [e.id async for e in client.list_workflows(
+            f"{scope} AND ExecutionStatus = 'Running' AND CodemodeStatus = 'waiting'")]
+        if listed == ended and not open_ and not ui:
+            break
+        await asyncio.sleep(0.1)
+    assert (listed, open_, ui) == (ended, [], [])
+    for handle in (running, failed, cancelled, terminated):
+        await replay(handle)
 
 
 async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: pytest.LogCaptureFixture) -> None:
@@ -424,6 +494,7 @@ async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: p
             for handle in (first, second):
                 await decide(client, handle.id, "call_0.0", approved=True)
                 await handle.result()
+                assert (await (await handle.describe()).memo()).get("status") == "completed"
                 await replay(handle)
 
 

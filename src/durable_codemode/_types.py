@@ -235,12 +235,17 @@ class ToolCatalog:
         return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
 
 
-BEHAVIOR_VERSION = 1
+BEHAVIOR_VERSION = 2
 """How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
 
 Raise it when a change would make a recorded run replay differently (another command, another order, another
 recorded value), and keep the old behaviour behind `spec.behavior_version` for as long as the old version is
-supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its last release below."""
+supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its last release below.
+
+- 1: the execution model of 0.2.0 (`tests/histories/behavior_version_1.json`).
+- 2: as 1, and the run's code writes how it ended the run (`completed`, `failed`, `cancelled`) into its status
+  (the `CodemodeStatus` search attribute, or the `status` memo) in the workflow task that ends it: one more
+  command there (`tests/histories/behavior_version_2.json`)."""
 
 OLDEST_BEHAVIOR_VERSION = 1
 """The oldest behaviour version this release replays; older runs are refused by name (`workflow._run`)."""

@@ -10,11 +10,12 @@
   them before the activation ends (a query is an activation of its own), so a change only marks them due, and
   they are published once, by a callback at the end of the activation's ready queue: a gather of 200 calls
   wrote them 400 times in one activation before.
-- **Status** (`running` / `waiting`, for "waiting for approval") is written where visibility can filter on it:
-  the `CodemodeStatus` search attribute when the run was started with it (the server has it registered), else
-  the `status` memo key when the run was started with that. Each change is one history event, and it changes
-  only when the first approval of a run starts waiting or the last one is decided. A run started with neither
-  (by an older client) writes nothing, so its history replays exactly as it was recorded.
+- **Status** (`running` / `waiting`, for "waiting for approval", then `completed` / `failed` / `cancelled` as
+  the run's code ends it) is written where visibility can filter on it: the `CodemodeStatus` search attribute
+  when the run was started with it (the server has it registered), else the `status` memo key when the run was
+  started with that. Each change is one history event, and it changes only when the first approval of a run
+  starts waiting or the last one is decided, and once at the end (runs of behaviour version 2 on). A run started
+  with neither (by an older client) writes nothing, so its history replays exactly as it was recorded.
 
 This module also hands the workflow's steps to the run's observers (`_telemetry.RunTelemetry`: spans, the history
 tools' replays), so the workflow has one hook per step.
@@ -28,8 +29,17 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import is_cancelled_exception
 
-from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
+from .._names import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_MEMO,
+    STATUS_RUNNING,
+    STATUS_SEARCH_ATTRIBUTE,
+    STATUS_WAITING,
+)
 from .._results import clip, printable
 from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
 
@@ -68,6 +78,8 @@ class RunProgress:
         """The workflow instance this progress belongs to, from the moment its run starts (see `show`)."""
         self._details_due = False
         """Whether a publication of the details is scheduled in this activation (see `show`)."""
+        self._ended_as: str | None = None
+        """The status the run's code ended it with (`_ended`): final."""
 
     def details(self) -> str:
         """The current details text: what waits for a person first, then where the run is."""
@@ -104,7 +116,7 @@ class RunProgress:
             self._details_due = True
             asyncio.get_running_loop().call_soon(self._publish_details)
         status = STATUS_WAITING if self._approvals().pending else STATUS_RUNNING
-        if status != self._status:  # a history event: written at once, where the run made the change
+        if status != self._status and not self._ended_as:  # a history event: written at once, where it changed
             self._write_status(status)
 
     def _in_own_workflow(self) -> bool:
@@ -144,11 +156,49 @@ class RunProgress:
         observe_run(observer)
         self.telemetry = run_telemetry()
 
-    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int, records_end: bool
             ) -> Coroutine[Any, Any, RunResult[Any]]:
-        """Around the run's loop."""
+        """Around the run's loop; `records_end`: the run writes how its code ended it into its status (`_ending`).
+
+        `records_end` is the run's recorded behaviour (`AgentSpec.behavior_version` 2 on): runs of version 1 wrote
+        no such status, and replay as they ran.
+        """
         self._owner = workflow.instance()
-        return self.telemetry.run(coro, agent=agent, run_index=run_index)
+        traced = self.telemetry.run(coro, agent=agent, run_index=run_index)
+        return self._ending(traced) if records_end else traced
+
+    async def _ending(self, coro: Coroutine[Any, Any, RunResult[Any]]) -> RunResult[Any]:
+        try:
+            result = await coro
+        except BaseException as e:
+            self._ended(e)
+            raise
+        self._ended(None)
+        return result
+
+    def _ended(self, error: BaseException | None) -> None:
+        """The run's code ends the run (`error`: how, `None`: completed): its status says so, in this workflow task.
+
+        Without this a run's status stayed what it was last (`waiting`, for a run failed or cancelled while a call
+        waited for a person), so a filter on the status alone listed runs long gone. Continue-as-new is no end (the
+        next run carries the status on), nor is an exception that fails the workflow task (the task is retried).
+        Temporal ends some runs without their code running (terminate, an execution timeout): those keep the
+        status they had, and visibility's `ExecutionStatus` tells them apart.
+        """
+        if not self._in_own_workflow():
+            return
+        if error is None:
+            status = STATUS_COMPLETED
+        elif isinstance(error, asyncio.CancelledError) or (
+                isinstance(error, Exception) and is_cancelled_exception(error)):
+            status = STATUS_CANCELLED  # the run was asked to cancel: nothing else cancels its main coroutine
+        elif isinstance(error, Exception) and workflow.is_failure_exception(error):
+            status = STATUS_FAILED
+        else:
+            return
+        self._ended_as = status  # what the calls still settling as the run ends show no longer changes it
+        if status != self._status:
+            self._write_status(status)
 
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
                       ) -> Coroutine[Any, Any, ModelResponse]:
