@@ -128,17 +128,30 @@ class CodeModePlugin(SimplePlugin):
                          interceptors=client_interceptors() if tracing else None)
 
 
+IDLE_LOOK_SECONDS = 1.0
+"""How often a worker looks whether its sandbox pool went idle, while it is in use (`stop_idle_sandboxes`)."""
+
+
 async def stop_idle_sandboxes(idle_seconds: float | None) -> None:
-    """While a worker runs: stop the process's sandbox processes once no session was used for `idle_seconds`."""
+    """While a worker runs: stop the process's sandbox processes `idle_seconds` after the pool was last used.
+
+    While the pool is in use it looks every `IDLE_LOOK_SECONDS` (a lock and a clock read); once idle, it sleeps
+    until the idle time is up, so the processes exit within a second of it, not one to two periods after (as when
+    it looked once a period).
+    """
     if idle_seconds is None:
         return
-    uses = POOL.uses()
     while True:
-        await asyncio.sleep(idle_seconds)
-        if await asyncio.to_thread(POOL.close_if_idle, uses):  # stopping the processes waits for them to exit
+        idle = POOL.idle_for()
+        if idle is None:
+            await asyncio.sleep(min(idle_seconds, IDLE_LOOK_SECONDS))
+        elif idle < idle_seconds:
+            await asyncio.sleep(idle_seconds - idle)
+        elif await asyncio.to_thread(POOL.close_if_idle, idle_seconds):  # stopping waits for the processes to exit
             logger.info("no sandbox session for %g s: the Monty pool's processes were stopped; the next program "
                         "starts them again", idle_seconds)
-        uses = POOL.uses()
+        else:
+            await asyncio.sleep(min(idle_seconds, IDLE_LOOK_SECONDS))  # used again meanwhile: look again later
 
 
 def create_worker(
