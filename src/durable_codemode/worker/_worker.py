@@ -65,7 +65,14 @@ Workflow activations are Python under one GIL, and each must yield within Tempor
 (TMPRL1101). Temporal's default (100 at once, on 500 threads) splits the CPU between all of them: a fresh worker
 that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
 passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
-With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
+With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time.
+
+Sized again for a fleet of runs waiting for people (`bench/paused_fleet.py`, 1,000 runs started and paused on 2
+CPUs): queries and decisions take a slot too, yet more slots did not answer them sooner. At load 3-4, 2, 4 and 8
+slots paused all in 55-61 s, and a query's p50 was 70, 125 and 184 ms (max 3.3, 0.7, 2.2 s). At load 8-12 (other
+work on the machine), 8 slots took 88 s and 4 took 105 s, a gap within what the load itself varied, with as many
+queries past their timeout (185 and 220 of thousands). So 4 stays. A query that waits past its timeout now says
+the worker was busy (`WorkerBusyError`), not missing."""
 
 _PAYLOAD_TYPES = (RunInput, RunResult, AgentSpec, ModelResponse, ToolCallInput, ModelRequestInput, SealRequest,
                   SealResult, ApprovalDecision, BatchDecision)
