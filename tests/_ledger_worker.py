@@ -305,13 +305,60 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--standby", action="store_true", help="poll only once a line arrives on stdin")
     parser.add_argument("--workflow-tasks", type=int, default=None, help="max_concurrent_workflow_tasks")
     parser.add_argument("--tool-timeout", type=float, default=5.0, help="start-to-close timeout per tool attempt")
+    parser.add_argument("--spans", default=None, metavar="DIR",
+                        help="trace the runs: append each exported span to DIR/spans-<pid>.jsonl")
+    parser.add_argument("--cache", type=int, default=None, help="max_cached_workflows (default: the SDK's)")
     return parser.parse_args(argv)
+
+
+class SpanFile:
+    """An OpenTelemetry span exporter that appends each span to a JSON-lines file, written through at once.
+
+    Each line is flushed as the span is exported, so a worker killed with SIGKILL leaves every span it had
+    exported in the file (and none it had not): what a test counts is what an operator's collector got.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the worker's lifetime)
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        for span in spans:
+            context, parent = span.context, span.parent
+            self._file.write(json.dumps({
+                "pid": os.getpid(), "name": span.name, "trace_id": f"{context.trace_id:032x}",
+                "span_id": f"{context.span_id:016x}", "parent_id": f"{parent.span_id:016x}" if parent else None,
+                "start": span.start_time, "end": span.end_time, "status": span.status.status_code.name,
+                "description": span.status.description, "attributes": dict(span.attributes or {}),
+            }, default=str) + "\n")
+        self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def _trace_to(path: str) -> None:
+    """Set the process's replay-safe tracer provider, exporting every span to `path` (`SpanFile`) as it ends."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from temporalio.contrib.opentelemetry import create_tracer_provider
+
+    provider = create_tracer_provider()
+    provider.add_span_processor(SimpleSpanProcessor(SpanFile(path)))  # type: ignore[arg-type]
+    trace.set_tracer_provider(provider)
 
 
 async def serve(args: argparse.Namespace) -> None:
     """Serve the ledger agent until SIGTERM (or a kill)."""
     ledger = Ledger(args.ledger)
     ledger.create_schema()
+    if args.spans:
+        _trace_to(os.path.join(args.spans, f"spans-{os.getpid()}.jsonl"))
     deadline = time.monotonic() + 60
     while True:  # a spare may start while the server restarts: wait for it, as a supervised worker would
         try:
@@ -326,7 +373,9 @@ async def serve(args: argparse.Namespace) -> None:
         pool=PoolSettings(max_processes=args.max_processes),
         identity=args.identity or f"ledger-{os.getpid()}",
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=args.sticky), unsigned_approvals=True,
+        tracing=bool(args.spans),
         **({"max_concurrent_workflow_tasks": args.workflow_tasks} if args.workflow_tasks else {}),
+        **({"max_cached_workflows": args.cache} if args.cache is not None else {}),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -101,6 +101,15 @@ class WorkerProcess:
         with suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGTERM)
 
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM the worker, as a deploy replaces it: it shuts down gracefully; return once its group is gone."""
+        with suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGTERM)
+        self.proc.wait(timeout)
+        deadline = time.monotonic() + 10
+        while group_members(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def tail(self, lines: int = 30) -> str:
         """The end of its log, for failure messages."""
         try:
@@ -122,6 +131,8 @@ class WorkerFleet:
     max_processes: int = 24
     tool_timeout: float = 5.0
     workflow_tasks: int | None = None
+    extra_args: tuple[str, ...] = ()
+    """More arguments for every worker process (`python -m tests._ledger_worker --help`)."""
     started: list[WorkerProcess] = field(default_factory=list)
     """Every process started, live or spare."""
     _spare: asyncio.Task[WorkerProcess] | None = None
@@ -136,7 +147,8 @@ class WorkerFleet:
                  "--task-queue", self.task_queue, "--ledger", str(self.ledger), "--identity", identity,
                  "--sticky", str(self.sticky), "--max-processes", str(self.max_processes),
                  "--tool-timeout", str(self.tool_timeout), "--standby",
-                 *(["--workflow-tasks", str(self.workflow_tasks)] if self.workflow_tasks else [])],
+                 *(["--workflow-tasks", str(self.workflow_tasks)] if self.workflow_tasks else []),
+                 *self.extra_args],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
                 start_new_session=True,  # its own process group: killpg reaches its sandbox processes too
             )
@@ -222,11 +234,13 @@ async def start_worker_process(module: str, args: list[str], *, identity: str, l
 @asynccontextmanager
 async def worker_fleet(client: Client, address: str, task_queue: str, tmp: Path, *, sticky: float = 3.0,
                        max_processes: int = 24, tool_timeout: float = 5.0,
-                       workflow_tasks: int | None = None) -> AsyncIterator[WorkerFleet]:
+                       workflow_tasks: int | None = None, extra_args: tuple[str, ...] = ()
+                       ) -> AsyncIterator[WorkerFleet]:
     """A `WorkerFleet` (ledger at `tmp/ledger.sqlite`) whose processes are all killed when the block ends."""
     (tmp / "logs").mkdir(exist_ok=True)
     fleet = WorkerFleet(client, address, task_queue, tmp / "ledger.sqlite", tmp / "logs", sticky=sticky,
-                        max_processes=max_processes, tool_timeout=tool_timeout, workflow_tasks=workflow_tasks)
+                        max_processes=max_processes, tool_timeout=tool_timeout, workflow_tasks=workflow_tasks,
+                        extra_args=extra_args)
     Ledger(fleet.ledger).create_schema()
     try:
         yield fleet

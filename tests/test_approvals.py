@@ -71,7 +71,7 @@ async def test_pause_query_approve_continue(client: Client) -> None:
         metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
         assert metadata.current_details.splitlines() == [
             "waiting for approval of 1 call(s): call_0.1 refund",
-            "model turn 0: snippet call_0 waiting: 1 call in flight, 1 done"]
+            "model turn 0: snippet call_0 waiting: 0 calls in flight, 1 waiting for approval, 1 done"]
         record = await decide(client, handle.id, "call_0.1", approved=True, note="ok", approver="ana")
         assert record.approved and record.approver == "ana"
         result: RunResult = await handle.result()
@@ -172,7 +172,7 @@ async def test_cli_lists_approves_and_rejects_unknown_calls(client: Client) -> N
         rc, out, err = await _codemode(address, "approvals", handle.id)
         assert rc == 0, err
         assert "call_0.0" in out and "call_0.1" in out and "refund" in out
-        assert '"order": "G"' in out
+        assert "order='G'" in out
         rc, out, err = await _codemode(address, "approve", handle.id, "call_0.7")
         assert rc == 1 and "no call 'call_0.7' is waiting" in err
         rc, out, err = await _codemode(address, "approve", handle.id, "call_0.0", "--note", "fine")

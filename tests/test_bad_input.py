@@ -27,6 +27,7 @@ from durable_codemode import (
     CodeModeUserError,
     InvalidRunInputError,
     RunNotFoundError,
+    WorkerBusyError,
     WorkerUnavailableError,
     connect,
     decide,
@@ -37,7 +38,7 @@ from durable_codemode import (
 )
 from durable_codemode.cli import run_cli
 from durable_codemode.debugging import fetch_chain, fetch_history, replay_run, trace_run
-from durable_codemode.testing import new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker, scripted_model
 
 from .test_demo import _codemode
 
@@ -141,16 +142,44 @@ async def test_unknown_run_ids(client: Client) -> None:
 
 
 async def test_a_run_without_a_worker_is_a_clear_error_not_a_hang(client: Client) -> None:
-    handle = await start_run(client, "echo", "hi", task_queue=new_task_queue())  # no worker polls this queue
+    tq = new_task_queue()
+    handle = await start_run(client, "echo", "hi", task_queue=tq)  # no worker polls this queue
     try:
         started = time.monotonic()
-        with pytest.raises(WorkerUnavailableError, match="no worker answered for run"):
+        with pytest.raises(WorkerUnavailableError, match=f"no worker polls task queue '{tq}', where run") as error:
             await pending_approvals(client, handle.id, timeout=timedelta(seconds=1))
-        with pytest.raises(WorkerUnavailableError, match="nothing was recorded"):
+        assert not isinstance(error.value, WorkerBusyError) and error.value.pollers == ()
+        assert error.value.task_queue == tq and "start a worker" in str(error.value)
+        with pytest.raises(WorkerUnavailableError, match=r"took the decision \(so nothing was recorded\)"):
             await decide(client, handle.id, "call_0.0", approved=True, timeout=timedelta(seconds=1))
         assert time.monotonic() - started < 8
     finally:
         await handle.terminate("test cleanup")
+
+
+async def test_a_busy_worker_is_not_called_missing(client: Client) -> None:
+    # Before, any query past its deadline said "start a worker", also while one ran, busy with its workflow task
+    # slots (34 times while one worker started 1,000 runs). The task queue's pollers tell the two apart.
+    gate = asyncio.Event()
+    agent = Agent(scripted_model(RunCode("await hold()"), "done"), name="busy-echo")
+
+    @agent.tool_plain
+    async def hold() -> str:
+        """Answer once the test opens its gate."""
+        await gate.wait()
+        return "held"
+
+    async with running_worker(client, [CodeModeAgent(agent)]) as worker:
+        handle = await start_run(client, "busy-echo", "go", task_queue=worker.task_queue)
+        # A deadline no worker can meet (a query takes milliseconds): the worker polls, so it was only not in time.
+        busy = f"though 1 worker polls its task queue '{worker.task_queue}'"
+        with pytest.raises(WorkerBusyError, match=busy) as error:
+            await pending_approvals(client, handle.id, timeout=timedelta(microseconds=1))
+        assert error.value.task_queue == worker.task_queue and len(error.value.pollers) == 1
+        assert "start a worker" not in str(error.value) and "max_concurrent_workflow_tasks" in str(error.value)
+        gate.set()
+        assert (await handle.result()).output == "done"
+    await replay(handle)
 
 
 async def test_no_server_is_a_fast_one_line_error() -> None:
@@ -190,7 +219,8 @@ async def test_cli_bad_input(client: Client, tmp_path: Path, monkeypatch: pytest
     (tmp_path / "wrong.json").write_text(json.dumps([{"kind": "nonsense"}]))
     tq = new_task_queue()
     lost = f"nosuch-{os.urandom(4).hex()}"
-    waiting = await start_run(client, "echo", "hi", task_queue=new_task_queue())  # nobody serves its queue
+    waiting_queue = new_task_queue()
+    waiting = await start_run(client, "echo", "hi", task_queue=waiting_queue)  # nobody serves its queue
     # (arguments, TEMPORAL_ADDRESS, exit status, what stderr says)
     cases: list[tuple[tuple[str, ...], str, int, tuple[str, ...]]] = [
         (("run", "echo", "", "--task-queue", tq), NOWHERE, 2, ("the prompt is empty",)),
@@ -211,7 +241,8 @@ async def test_cli_bad_input(client: Client, tmp_path: Path, monkeypatch: pytest
         (("trace", lost), address, 2, (f"no run with id '{lost}'",)),
         (("replay", lost), address, 2, (f"no run with id '{lost}'",)),
         (("replay", "--history", str(tmp_path / "not.json")), address, 2, ("not a history file",)),
-        (("approvals", waiting.id), address, 2, (f"no worker answered for run '{waiting.id}'",)),
+        (("approvals", waiting.id), address, 2, (f"no worker polls task queue '{waiting_queue}', where run "
+                                                  f"'{waiting.id}' is served",)),
     ]
     try:
         async with running_worker(client, [echo_agent("echo")], task_queue=tq):

@@ -9,13 +9,15 @@ replays it, so the run is never failed: it waits, unchanged, for a worker of tha
 random numbers, reads the clock, sleeps, waits for a person's approval and reuses its names in a second snippet;
 from version 2 on, also calls a tool whose approval rule gates one call and lets another through); each must
 replay as long as its version is supported. `behavior_version_1_rule.json` is a version-1 run whose approval rule
-gated a call (replayed with its rule in `test_deploy_changes`). The three `before_*.json` histories were recorded by
+gated a call (replayed with its rule in `test_deploy_changes`). Version 2 also ends with the status the run's code ends it with. The three `before_*.json` histories were recorded by
 0.1.0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 from pathlib import Path
 
@@ -85,6 +87,17 @@ async def _replayed(name: str, text: str) -> BaseException | None:
 @pytest.mark.parametrize("recorded", SUPPORTED, ids=lambda p: p.stem)
 async def test_a_run_of_each_supported_behaviour_version_replays_as_it_ran(recorded: Path) -> None:
     assert await _replayed(recorded.stem, recorded.read_text()) is None
+
+
+def test_a_run_of_version_2_records_how_it_ended_and_one_of_version_1_does_not() -> None:
+    # Version 2's end: the status the run's code ends it with, in the task that ends it (version 1 leaves it).
+    for version, last in ((1, "running"), (2, "completed")):
+        events = json.loads((HISTORIES / f"behavior_version_{version}.json").read_text())["events"]
+        upserts = [e["upsertWorkflowSearchAttributesEventAttributes"]["searchAttributes"]["indexedFields"]
+                   for e in events if "upsertWorkflowSearchAttributesEventAttributes" in e]
+        statuses = [json.loads(base64.b64decode(fields["CodemodeStatus"]["data"]))
+                    for fields in upserts if "CodemodeStatus" in fields]  # a rule's marker upserts another
+        assert statuses[-1] == last, (version, statuses)
 
 
 @pytest.mark.parametrize("recorded", RECORDED_BY_0_1)

@@ -262,13 +262,13 @@ async def test_approving_all_of_a_parent_decides_its_own_calls_and_names_its_chi
         rc, out, err = await codemode("approve", handle.id, "--all", "--key", str(key), address=address(client))
         assert rc == 0, (out, err)
         lines = out.splitlines()
-        assert any(line.startswith("approved call_0.1 pay(\"x\": 50) by ana") for line in lines), out
-        assert (f"not decided here: call_0.0 pay(\"x\": 5) waits in child run {child_id}: codemode approve {child_id} "
+        assert any(line.startswith("approved call_0.1 pay(x=50) by ana") for line in lines), out
+        assert (f"not decided here: call_0.0 pay(x=5) waits in child run {child_id}: codemode approve {child_id} "
                 "call_0.0 (or --all there)") in lines, out
         (left,) = await pending_approvals(client, handle.id)
         assert (left.run_id, left.call_id) == (child_id, "call_0.0")  # the child's call still waits
         rc, out, err = await codemode("approve", child_id, "--all", "--key", str(key), address=address(client))
-        assert rc == 0 and "approved call_0.0 pay(\"x\": 5) by ana" in out, (out, err)
+        assert rc == 0 and "approved call_0.0 pay(x=5) by ana" in out, (out, err)
         assert (await handle.result()).output == "mom done"
     for run in (handle, client.get_workflow_handle(child_id)):
         await replay(run)

@@ -37,6 +37,8 @@ def test_persisted_names_are_pinned() -> None:
     assert (_names.AGENT_SEARCH_ATTRIBUTE, _names.STATUS_SEARCH_ATTRIBUTE) == ("CodemodeAgent", "CodemodeStatus")
     assert (_names.AGENT_MEMO, _names.STATUS_MEMO) == ("agent", "status")
     assert (_names.STATUS_RUNNING, _names.STATUS_WAITING) == ("running", "waiting")
+    assert (_names.STATUS_COMPLETED, _names.STATUS_FAILED, _names.STATUS_CANCELLED) == ("completed", "failed",
+                                                                                        "cancelled")
     # Approvals: update and signal names, and the update id a decision goes under (clients of every release send
     # it; the validator accepts a decision under an id of this form only if it is that approver's about that call).
     from durable_codemode import _approvals, _decisions

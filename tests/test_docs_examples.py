@@ -687,11 +687,21 @@ async def _check_deploy_report(block: Block, ns: dict[str, Any], given: Given) -
     check_output(block.text.splitlines(), render_deploy_check(check), block.where)
 
 
+async def _check_summaries(block: Block, ns: dict[str, Any], given: Given) -> None:
+    """observability.md's Temporal UI summaries: what `call_summary` makes of the three calls it names."""
+    from durable_codemode._results import call_summary
+
+    made = [call_summary("fetch", {"key": "abc\u202edef"}), call_summary("fetch", {"key": "x" * 300}),
+            call_summary("transfer", {"to": "A\x1b[2K\x1b[1Gsafe", "cents": 5})]
+    assert [line for line in block.text.splitlines() if line.strip()] == made, f"{block.where}: {made}"
+
+
 OUTPUT_CHECKS: dict[str, Callable[[Block, dict[str, Any], Given], Awaitable[None]]] = {
     "deploy-check": _check_deploy_report,  # a run of tests/_deploy_agents.py's old code, as test_deploy_versions
     "divergence": _check_divergence,  # a real replay whose snippet was edited, as tests/test_debugging.py does
     "refusal": _check_refusal,
     "spans": _check_spans,
+    "summaries": _check_summaries,
 }
 """The `<!-- docs-test: output NAME -->` checkers: each makes the output now and compares."""
 

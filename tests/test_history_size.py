@@ -74,7 +74,7 @@ async def test_a_tool_sees_its_name_and_call_id_though_the_input_holds_only_argu
         attrs = event.activity_task_scheduled_event_attributes
         assert attrs.activity_id.startswith(f"call_0.{i - 1}-")
         assert json.loads(attrs.input.payloads[0].data) == {"args": {"i": i}}
-        assert json.loads(event.user_metadata.summary.data) == f'look("i": {i})'
+        assert json.loads(event.user_metadata.summary.data) == f'look(i={i})'
     # The run's result holds each call as a compact list, not an object with the field names.
     done = history.events[-1].workflow_execution_completed_event_attributes.result.payloads[0].data
     calls = json.loads(done)["turns"][0]["snippets"][0]["calls"]

@@ -164,7 +164,8 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
             details = await eventually_details(handle, "waiting for approval")
     # The worker is gone while the call waits; a new one replays the run from history and goes on.
     assert details.splitlines() == ["waiting for approval of 1 call(s): call_1.1 refund",
-                                    "model turn 1: snippet call_1 waiting: 1 call in flight, 1 done"]
+                                    "model turn 1: snippet call_1 waiting: 0 calls in flight, 1 waiting for approval, "
+                                    "1 done"]
     async with running_worker(traced, [agent], task_queue=tq, max_cached_workflows=0, unsigned_approvals=True):
         await asyncio.sleep(0.2)  # a measurable approval wait
         await decide(client, handle.id, "call_1.1", approved=True, approver="ana")
@@ -242,6 +243,88 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     await replay(handle)
 
 
+async def test_an_attempt_cut_off_by_a_worker_shutdown_says_so_and_is_an_error(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+    agent = Agent(scripted_model(RunCode("await hold(n=1)"), RunCode("await fail(kind='x')"), "done"),
+                  name="otel-cut-off")
+
+    @agent.tool_plain
+    async def hold(n: int) -> int:
+        """Wait for the test, then answer `n` (the first attempt is cut off by its worker's shutdown)."""
+        started.set()
+        await release.wait()
+        return n
+
+    @agent.tool_plain
+    def fail(kind: str) -> None:
+        """Raise a ValueError."""
+        raise ValueError(f"bad {kind}")
+
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks") as client_span:
+        async with running_worker(traced, [CodeModeAgent(agent)], task_queue=tq):
+            handle = await start_run(traced, "otel-cut-off", "go", task_queue=tq)
+            await started.wait()
+        # That worker is gone (its shutdown cancelled the attempt); the next one retries the call.
+        release.set()
+        async with running_worker(traced, [CodeModeAgent(agent)], task_queue=tq):
+            assert (await handle.result()).output == "done"
+    trace_id = client_span.get_span_context().trace_id
+    attempts = sorted((s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                       and s.name.startswith("codemode.attempt otel-cut-off.")), key=lambda s: s.start_time or 0)
+    assert [(s.name.split(".")[-1], _attrs(s)["codemode.attempt"], _attrs(s)["codemode.outcome"], s.status.status_code)
+            for s in attempts] == [("hold", 1, "cut_off", StatusCode.ERROR), ("hold", 2, "ok", StatusCode.UNSET),
+                                   ("fail", 1, "failed", StatusCode.ERROR)]
+    assert "the worker shut down during the attempt" in (attempts[0].status.description or "")
+    assert attempts[2].status.description == "ValueError: bad x"
+    model = [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+             and s.name == "codemode.attempt durable-codemode.model_request"]
+    assert model and all(_attrs(s)["codemode.outcome"] == "ok" for s in model)
+    await replay(handle)
+
+
+async def test_a_run_waiting_for_a_person_exports_the_spans_before_its_pause(
+    client: Client, exporter: InMemorySpanExporter
+) -> None:
+    # A span is exported once its workflow task is known recorded: a run that goes on shows it at its next task;
+    # one that waits for a person (no next task for hours) has its history read by the worker about a second on.
+    refunds: list[str] = []
+    agent = shop_agent("otel-quiet", RunCode("x = await get(i=4)\nawait refund(order='Q', cents=x)"), "done",
+                       refunds=refunds)
+    traced = traced_client(client)
+    tq = new_task_queue()
+    with trace.get_tracer("test").start_as_current_span("client asks") as client_span:
+        async with running_worker(traced, [agent], task_queue=tq, unsigned_approvals=True):
+            handle = await start_run(traced, "otel-quiet", "go", task_queue=tq)
+            await eventually_details(handle, "waiting for approval")
+            trace_id = client_span.get_span_context().trace_id
+
+            def exported(name: str) -> list[ReadableSpan]:
+                return [s for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                        and s.name == name]
+
+            for _ in range(400):  # the worker reads the history ~1 s after the run went quiet (20 s at most here)
+                if exported("codemode.call get"):
+                    break
+                await asyncio.sleep(0.05)
+            (call,) = exported("codemode.call get")
+            assert _attrs(call)["codemode.call_id"] == "call_0.0" and _attrs(call)["codemode.outcome"] == "ok"
+            assert exported("codemode.model_request turn 0") and not exported("codemode.run otel-quiet")
+            await decide(client, handle.id, "call_0.1", approved=True, approver="ana")
+            assert (await handle.result()).output == "done"
+    # The rest, once the worker stops (or sooner): each span once.
+    names = Counter(s.name for s in exporter.get_finished_spans() if s.context and s.context.trace_id == trace_id
+                    and not s.name.startswith("codemode.attempt"))
+    assert names == Counter({"codemode.run otel-quiet": 1, "codemode.model_request turn 0": 1,
+                             "codemode.model_request turn 1": 1, "codemode.run_code call_0": 1,
+                             "codemode.call get": 1, "codemode.call refund": 1, "client asks": 1})
+    await replay(handle)
+
+
 def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     from durable_codemode import _telemetry
 
@@ -313,8 +396,78 @@ async def test_runs_filter_by_agent_and_status_search_attributes(client: Client)
         assert rc == 0 and waiting.id in out and "waiting for approval" in out and done.id not in out, err
         await decide(client, waiting.id, "call_0.0", approved=True)
         await waiting.result()
-        assert (await waiting.describe()).typed_search_attributes.get(STATUS_KEY) == "running"
+        assert (await waiting.describe()).typed_search_attributes.get(STATUS_KEY) == "completed"
     await replay(waiting)
+
+
+async def test_the_status_follows_a_run_to_its_end_whatever_ended_it(client: Client) -> None:
+    from pydantic_ai.usage import UsageLimits
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+
+    from .test_debugging import address, codemode
+
+    suffix = os.urandom(3).hex()
+    gate = asyncio.Event()
+    wait = "await refund(order='W', cents=1)"
+    agent = shop_agent(f"end-{suffix}", RunCode(wait), "done", refunds=[])
+    twice = shop_agent(f"end-twice-{suffix}", RunCode("await get(i=1)"), RunCode("await get(i=2)"), "done",
+                       refunds=[])
+    busy = Agent(scripted_model(RunCode("await hold()"), "done"), name=f"end-busy-{suffix}")
+
+    @busy.tool_plain
+    async def hold() -> str:
+        """Answer once the test opens its gate."""
+        await gate.wait()
+        return "held"
+
+    tq = new_task_queue()
+    scope = f"TaskQueue = '{tq}'"
+    async with running_worker(client, [agent, twice, CodeModeAgent(busy)], task_queue=tq, unsigned_approvals=True):
+        cancelled = await start_run(client, agent.name, "go", task_queue=tq)
+        terminated = await start_run(client, agent.name, "go", task_queue=tq)
+        running = await start_run(client, busy.name, "go", task_queue=tq)
+        for handle in (cancelled, terminated):
+            await eventually_details(handle, "waiting for approval")
+        await eventually_details(running, "1 call in flight")
+        # Open runs: `running` and `waiting` tell them apart (before, `--status running` listed waiting runs too).
+        assert await _listed(client, {running.id}, status="running", query=scope) == {running.id: "running"}
+        assert set(await _listed(client, {cancelled.id, terminated.id}, status="waiting", query=scope)) == {
+            cancelled.id, terminated.id}
+        rc, out, err = await codemode("runs", "--status", "running", "--query", scope, address=address(client))
+        assert rc == 0 and running.id in out and cancelled.id not in out and terminated.id not in out, (out, err)
+
+        await cancelled.cancel()  # while its call waits for a person: the run's code ends it as cancelled
+        await terminated.terminate("the test ends it without its code running")
+        failed = await start_run(client, twice.name, "go", task_queue=tq, usage_limits=UsageLimits(request_limit=1))
+        with pytest.raises(WorkflowFailureError):
+            await failed.result()
+        gate.set()
+        await running.result()
+        with pytest.raises(WorkflowFailureError):
+            await cancelled.result()
+
+    async def status(handle: WorkflowHandle[Any, Any]) -> tuple[WorkflowExecutionStatus | None, str | None]:
+        described = await handle.describe()
+        return described.status, described.typed_search_attributes.get(STATUS_KEY)
+
+    assert await status(running) == (WorkflowExecutionStatus.COMPLETED, "completed")
+    assert await status(failed) == (WorkflowExecutionStatus.FAILED, "failed")
+    assert await status(cancelled) == (WorkflowExecutionStatus.CANCELED, "cancelled")
+    # Temporal ended it without its code running: its status is what it was; Temporal's own says it is closed.
+    assert await status(terminated) == (WorkflowExecutionStatus.TERMINATED, "waiting")
+    ended = {running.id: "completed", failed.id: "failed", cancelled.id: "cancelled", terminated.id: "terminated"}
+    for _ in range(100):  # visibility is eventually consistent: until it has seen every end
+        listed = {r.workflow_id: r.state for r in await list_runs(client, query=scope)}
+        open_ = [r for state in ("waiting", "running") for r in await list_runs(client, status=state, query=scope)]
+        # The UI's query for runs waiting for a person names the execution status too (docs/observability.md).
+        ui = [e.id async for e in client.list_workflows(
+            f"{scope} AND ExecutionStatus = 'Running' AND CodemodeStatus = 'waiting'")]
+        if listed == ended and not open_ and not ui:
+            break
+        await asyncio.sleep(0.1)
+    assert (listed, open_, ui) == (ended, [], [])
+    for handle in (running, failed, cancelled, terminated):
+        await replay(handle)
 
 
 async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: pytest.LogCaptureFixture) -> None:
@@ -341,6 +494,7 @@ async def test_a_server_without_the_search_attributes_gets_memo_status(caplog: p
             for handle in (first, second):
                 await decide(client, handle.id, "call_0.0", approved=True)
                 await handle.result()
+                assert (await (await handle.describe()).memo()).get("status") == "completed"
                 await replay(handle)
 
 

@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from durable_codemode import CodeModeUserError, PoolSettings, _pool, start_run
-from durable_codemode.testing import RunCode, child_processes, last_result, new_task_queue, replay, running_worker
+from durable_codemode import CodeModeAgent, CodeModeUserError, PoolSettings, _pool, start_run
+from durable_codemode.testing import (
+    RunCode,
+    child_processes,
+    last_result,
+    new_task_queue,
+    replay,
+    running_worker,
+    scripted_model,
+)
 from durable_codemode.worker._worker import create_worker
 from tests._agents import Effects, items_agent
 
@@ -123,24 +133,56 @@ async def idle_shutdown_pool() -> AsyncIterator[PoolSettings]:
     _pool.POOL.configure(PoolSettings())
 
 
+async def _retired(caplog: pytest.LogCaptureFixture, times: int) -> None:
+    """Until the worker has stopped the idle pool `times` times (its log says so) and no process is left."""
+    deadline = asyncio.get_running_loop().time() + 30
+    while sum("processes were stopped" in r.getMessage() for r in caplog.records) < times or child_processes():
+        assert asyncio.get_running_loop().time() < deadline, f"still running: {child_processes()}"
+        await asyncio.sleep(0.05)
+
+
 async def test_an_idle_pool_stops_its_processes_and_starts_them_again_for_the_next_run(
-        client: Client, idle_shutdown_pool: PoolSettings) -> None:
+        client: Client, idle_shutdown_pool: PoolSettings, caplog: pytest.LogCaptureFixture) -> None:
     # A worker whose runs all wait (here: none left) must not keep its `monty` processes, ~27 MB of RSS each.
+    caplog.set_level(logging.INFO, logger="durable_codemode.worker._worker")
     agent = items_agent("idle-pool", RunCode("[await get(i=1), await get(i=2)]"), lambda m: str(last_result(m)))
     tq = new_task_queue()
     async with running_worker(client, [agent], task_queue=tq, pool=idle_shutdown_pool):
         first = await start_run(client, "idle-pool", "go", task_queue=tq)
         await first.result()
-        assert child_processes(), "the run used the pool"
-        deadline = asyncio.get_running_loop().time() + 30
-        while _pool.POOL.running_pools() or child_processes():  # stopped once idle, between 0.5 and 1 s later
-            assert asyncio.get_running_loop().time() < deadline, f"still running: {child_processes()}"
-            await asyncio.sleep(0.05)
+        await _retired(caplog, 1)  # 0.5 s after the run's last use of the pool (which was started for it)
+        assert not _pool.POOL.running_pools()
         second = await start_run(client, "idle-pool", "go", task_queue=tq)
         assert (await second.result()).output == (await first.result()).output
-        assert _pool.POOL.running_pools() >= 1  # started again, lazily, by the second run's first snippet
+        await _retired(caplog, 2)  # started again, lazily, by the second run's first snippet, and stopped again
     await replay(first)
     await replay(second)
+
+
+async def test_a_program_waiting_on_a_tool_keeps_the_pool_warm(
+        client: Client, idle_shutdown_pool: PoolSettings, caplog: pytest.LogCaptureFixture) -> None:
+    # Runs that are active keep the processes: a program waiting on a tool call holds its session, so the pool is
+    # not idle however long the tool takes; once the run is done, the pool stops.
+    caplog.set_level(logging.INFO, logger="durable_codemode.worker._worker")
+    started, gate = asyncio.Event(), asyncio.Event()
+    agent = Agent(scripted_model(RunCode("[await slow(), await slow()]"), "done"), name="warm-pool")
+
+    @agent.tool_plain
+    async def slow() -> str:
+        """Answer once the test opens its gate."""
+        started.set()
+        await gate.wait()
+        return "slow"
+
+    tq = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=tq, pool=idle_shutdown_pool):
+        handle = await start_run(client, "warm-pool", "go", task_queue=tq)
+        await started.wait()
+        assert _pool.POOL.idle_for() is None and _pool.POOL.held_sessions() == 1, "the waiting program holds it"
+        gate.set()
+        assert (await handle.result()).output == "done"
+        await _retired(caplog, 1)
+    await replay(handle)
 
 
 def test_idle_shutdown_must_be_positive() -> None:

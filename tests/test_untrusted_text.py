@@ -20,7 +20,7 @@ from pydantic_ai import Agent
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from durable_codemode import CodeModeAgent, ToolOptions, start_run, wait_for_approvals
-from durable_codemode._results import code_lines, printable
+from durable_codemode._results import clip, code_lines, printable
 from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker, scripted_model
 
 from .test_debugging import address, codemode, with_code
@@ -137,6 +137,56 @@ async def test_no_command_prints_a_runs_text_raw(client: Client, tmp_path: Path)
     report = await shown(client, "replay", "--history", str(edited), rc=1)
     assert ": DIVERGED" in report and "TMPRL1100" in report
     await shown(client, "trace", "--history", str(edited))
+    await replay(handle)
+
+
+async def test_the_temporal_ui_shows_a_runs_text_escaped_and_cut_visibly(client: Client) -> None:
+    """Activity summaries and current details reach the Temporal UI as they are: escaped, cut with an "…"."""
+    from temporalio.api.enums.v1 import EventType
+
+    from durable_codemode import decide
+    from durable_codemode.history._events import summary_of
+
+    from .test_observability import current_details
+
+    name = f"hostile-ui-{uuid.uuid4().hex[:6]}"
+    code = ("r = await fetch(key='abc\u202edef')\n"                      # a bidi override: JSON keeps it raw
+            "r = await fetch(key='x' * 300)\n"                             # past the summary's length
+            "await transfer(to='A\x1b[2K\x1b[1Gsafe', cents=5)")          # a control sequence
+    agent = Agent(scripted_model(RunCode(code, id=f"call{ARGV}"), "done"), name=name)
+
+    @agent.tool_plain
+    def fetch(key: str) -> str:
+        """Fetch a value."""
+        return f"value {key}"
+
+    @agent.tool_plain
+    def transfer(to: str, cents: int) -> str:
+        """Transfer money."""
+        return f"sent {cents} to {to}"
+
+    tq = new_task_queue()
+    durable = CodeModeAgent(agent, tool_options={"transfer": ToolOptions(requires_approval=True)})
+    async with running_worker(client, [durable], task_queue=tq, unsigned_approvals=True):
+        handle = await start_run(client, name, "go", task_queue=tq)
+        (pending,) = await wait_for_approvals(client, handle.id)
+        details = await current_details(handle)
+        shows_nothing_raw(details, "the current details")
+        # The model's call id, escaped and cut (with an "…"); the gated call has not started: it is not in flight.
+        assert details.splitlines() == [
+            f"waiting for approval of 1 call(s): {printable(clip(pending.call_id, 80))} transfer",
+            f"model turn 0: snippet {printable(clip(f'call{ARGV}', 80))} waiting: 0 calls in flight, 1 waiting for "
+            "approval, 2 done"]
+        await decide(client, handle.id, pending.call_id, approved=True, approver="ana")
+        await handle.result()
+    events = [e async for e in handle.fetch_history_events()]
+    summaries = [summary_of(e) or "" for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    for summary in summaries:
+        shows_nothing_raw(summary, "an activity summary")
+    # The one argument format (as `codemode trace` and `watch` write a call), escaped, cut where it says so.
+    assert [s for s in summaries if not s.startswith("model turn")] == [
+        'fetch(key="abc\\u202edef")', 'fetch(key="' + "x" * 114 + '…)',
+        'transfer(to="A\\u001b[2K\\u001b[1Gsafe", cents=5)']
     await replay(handle)
 
 

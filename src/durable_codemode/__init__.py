@@ -29,6 +29,7 @@ from ._errors import (
     RunNotFoundError,
     TransientToolError,
     UnsupportedBehaviorVersionError,
+    WorkerBusyError,
     WorkerUnavailableError,
 )
 from ._files import RunFiles
@@ -106,6 +107,7 @@ __all__ = [
     "TransientToolError",
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
+    "WorkerBusyError",
     "WorkerUnavailableError",
     "add_child_run_tool",
     "child_run_tool",

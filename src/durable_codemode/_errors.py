@@ -11,7 +11,8 @@ CodeModeError
 ├── RunNotFoundError         no run with that id on the server
 ├── RunClosedError           a decision sent to a run that has ended (it says how it ended)
 ├── DecisionConflictError    the run answered a decision with another decision's record: this one was not recorded
-├── WorkerUnavailableError   no worker answered for a run in time (a query or a decision)
+├── WorkerUnavailableError   no worker answered for a run in time (a query or a decision): none polls its queue
+│   └── WorkerBusyError      ... though one polls it: it was busy (all its workflow task slots taken)
 └── TransientToolError       raised by a tool: retry me within the tool's retry policy
 ```
 A tool's own exceptions are not wrapped: they reach the model's program as exceptions it can catch.
@@ -36,6 +37,7 @@ __all__ = [
     "RunNotFoundError",
     "TransientToolError",
     "UnsupportedBehaviorVersionError",
+    "WorkerBusyError",
     "WorkerUnavailableError",
 ]
 
@@ -198,7 +200,25 @@ class UnsupportedBehaviorVersionError(CodeModeError):
 class WorkerUnavailableError(CodeModeUserError):
     """No worker answered for a run in time: queries and decisions need a worker serving the run's task queue.
 
-    Nothing was recorded; send the decision again once a worker runs.
+    Nothing was recorded; send the decision again once a worker runs. The message says which it was, from the
+    task queue's pollers as the server lists them: no worker polls the run's task queue (start one), none has
+    polled it for a while (they stopped, or hang), or one polls it but did not answer in time (`WorkerBusyError`).
+    """
+
+    def __init__(self, message: str, *, task_queue: str | None = None, pollers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.task_queue = task_queue
+        """The run's task queue, when the server said."""
+        self.pollers = pollers
+        """The identities of the workers that polled it lately (none: no worker serves it)."""
+
+
+class WorkerBusyError(WorkerUnavailableError):
+    """A worker polls the run's task queue, yet none answered in time: busy, or it stopped moments ago.
+
+    Busy: its workflow task slots were all taken, by runs starting or replaying. Nothing was recorded. Ask again,
+    allow longer (`timeout=`), or give the workers more workflow task slots; a worker serving many runs waiting
+    for people answers within milliseconds once a slot is free.
     """
 
 

@@ -28,6 +28,9 @@ __all__ = [
     "RUN_CODE_TOOL",
     "RUN_ERROR_ACTIVITY",
     "SEAL_REPL_ACTIVITY",
+    "STATUS_CANCELLED",
+    "STATUS_COMPLETED",
+    "STATUS_FAILED",
     "STATUS_MEMO",
     "STATUS_RUNNING",
     "STATUS_SEARCH_ATTRIBUTE",
@@ -126,8 +129,10 @@ AGENT_SEARCH_ATTRIBUTE = "CodemodeAgent"
 """Keyword search attribute: the run's agent, set when the run starts (if the server has it registered)."""
 
 STATUS_SEARCH_ATTRIBUTE = "CodemodeStatus"
-"""Keyword search attribute: `running`, or `waiting` while a call waits for approval (visibility's own
-`ExecutionStatus` says whether the run is still open)."""
+"""Keyword search attribute: `running`, `waiting` while a call waits for approval, then how the run's own code
+ended it: `completed`, `failed` or `cancelled` (runs of behaviour version 2 on). Temporal can end a run without its
+code running (terminate, an execution timeout): it then keeps the status it had, and visibility's own
+`ExecutionStatus` says the run is closed."""
 
 AGENT_MEMO = "agent"
 """Memo key of the run's agent (every run has it)."""
@@ -137,6 +142,9 @@ STATUS_MEMO = "status"
 
 STATUS_RUNNING = "running"
 STATUS_WAITING = "waiting"
+STATUS_COMPLETED = "completed"
+STATUS_FAILED = "failed"
+STATUS_CANCELLED = "cancelled"
 
 
 def tool_activity_type(agent: str, tool: str) -> str:

@@ -95,12 +95,15 @@ class PoolSettings:
     it (`SandboxUnavailableError`), instead of the worker's workflow thread wedging. Kept well under Temporal's
     2 s deadlock limit."""
 
-    idle_shutdown_seconds: float | None = 60.0
-    """Seconds without any sandbox session checked out after which the pool's processes exit (`None`: never).
-    An idle `monty` process keeps ~27 MB of RSS, so a worker whose runs all wait (on people, timers, models)
-    would otherwise keep its whole pool for nothing; the next checkout starts a process again (a few ms, and
-    the type checker's first check in it). A worker checks every `idle_shutdown_seconds`, so the processes exit
-    between one and two such periods after the last session was returned."""
+    idle_shutdown_seconds: float | None = 10.0
+    """Seconds the pool may go unused (no program computing, none holding a session, none warming) before its
+    processes exit (`None`: never). A used `monty` process keeps ~27-32 MB of RSS, so a worker whose runs all
+    wait on people or timers would otherwise keep its whole pool for nothing (9 processes, ~285 MB, next to a
+    worker of ~250 MB holding 1,000 paused runs). Runs that are active keep it: each tool result or snippet
+    checks a session out, and a run waiting on its model holds one warming for its next snippet. The next
+    checkout after a stop starts a process again (a few ms, and the type checker's first check in it, ~15 ms).
+    The processes exit `idle_shutdown_seconds` after the last use, to within a second (`stop_idle_sandboxes`);
+    before, the worker looked every period and they exited one to two periods after (79 and 111 s of 60)."""
 
     compute_processes: int = field(default_factory=lambda: default_compute_processes())
     """Sandbox processes for the compute activity (programs past their in-workflow budget), at most: so at most
@@ -253,8 +256,8 @@ class SandboxPool:
         """The running pools."""
         self._live = 0
         """Sessions checked out now (`session`)."""
-        self._uses = 0
-        """Pools handed out and sessions checked out so far: unchanged between two looks means nothing used the pool."""
+        self._last_used = time.monotonic()  # determinism: ok (when the pool may stop; decides no workflow step)
+        """When a pool was last handed out, or a session checked out or in (`idle_for`)."""
         self._held = 0
         """Places of the hold budget taken (`try_hold`)."""
         self._task_slots = 0
@@ -306,7 +309,7 @@ class SandboxPool:
 
     def _monty(self, kind: PoolKind) -> pydantic_monty.Monty:
         with self._lock:
-            self._uses += 1
+            self._last_used = time.monotonic()  # determinism: ok (see `_last_used`)
             pool = self._pools.get(kind)
             if pool is None:
                 settings = self._running or self._settings
@@ -335,13 +338,13 @@ class SandboxPool:
             session.__enter__()
         with self._lock:
             self._live += 1
-            self._uses += 1
+            self._last_used = time.monotonic()  # determinism: ok (see `_last_used`)
         return session
 
     def _check_in(self, kind: PoolKind, session: pydantic_monty.MontySession) -> None:
         with self._lock:
             self._live -= 1
-            self._uses += 1
+            self._last_used = time.monotonic()  # determinism: ok (see `_last_used`)
         if kind == "compute":
             _close_quietly(session)
         else:
@@ -516,19 +519,28 @@ class SandboxPool:
 
     # -- stopping ------------------------------------------------------------------------------------------------
 
-    def uses(self) -> int:
-        """A count that changes whenever the pool is used (see `close_if_idle`)."""
-        return self._uses
+    def idle_for(self) -> float | None:
+        """Seconds since the pool was last used, if it runs and nothing holds it; `None` if it is in use or stopped.
 
-    def close_if_idle(self, uses_then: int) -> bool:
-        """Stop every pool if no session is checked out and nothing used the pool since `uses()` was `uses_then`.
+        In use: a session checked out (a program computing, a compute activity), held by a program waiting on tool
+        calls or warming for a run's next snippet (`try_hold`), or being ended.
+        """
+        with self._lock:
+            if self._live or self._held or self._giving_back or not self._pools:
+                return None
+            return time.monotonic() - self._last_used  # determinism: ok (see `_last_used`)
 
-        The worker calls this periodically (`PoolSettings.idle_shutdown_seconds`); the next checkout starts the
-        pools again, with the settings in force. Returns whether any pool was stopped.
+    def close_if_idle(self, idle_seconds: float) -> bool:
+        """Stop every pool if it has been idle (`idle_for`) for `idle_seconds` at least; whether any was stopped.
+
+        The worker calls this when the pool should have been idle that long (`stop_idle_sandboxes`); the next
+        checkout starts the pools again, with the settings in force.
         """
         self._drop_stale()
         with self._lock:
-            if self._uses != uses_then or self._live or self._held or self._giving_back or not self._pools:
+            idle = None if self._live or self._held or self._giving_back or not self._pools else (
+                time.monotonic() - self._last_used)  # determinism: ok (see `_last_used`)
+            if idle is None or idle < idle_seconds:
                 return False
             pools = list(self._pools.values())
             self._pools.clear()

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic_core import to_jsonable_python
 
-__all__ = ["PREVIEW_CHARS", "answer_text", "bounded_result", "call_arguments", "clip", "code_lines", "jsonable",
-           "one_line", "preview", "printable"]
+__all__ = ["PREVIEW_CHARS", "SUMMARY_ARGS_CHARS", "answer_text", "bounded_result", "call_arguments", "call_summary",
+           "clip", "code_lines", "jsonable", "one_line", "preview", "printable"]
 
 
 def jsonable(value: Any) -> Any:
@@ -113,6 +113,20 @@ def call_arguments(arguments: dict[str, Any], limit: int = PREVIEW_CHARS) -> str
     """
     text = ", ".join(f"{k}={json.dumps(jsonable(v), ensure_ascii=False, default=repr)}" for k, v in arguments.items())
     return clip(" ".join(text.split()), limit)
+
+
+SUMMARY_ARGS_CHARS = 120
+"""How many characters of a call's arguments its Temporal UI summary shows (`call_summary`), the "…" included."""
+
+
+def call_summary(tool: str, arguments: dict[str, Any], limit: int = SUMMARY_ARGS_CHARS) -> str:
+    """A call as the Temporal UI shows it (its activity's summary): `get(i=3, name="x")`, escaped, a cut marked.
+
+    The arguments are a program's (untrusted), and the UI shows a summary as it is, bidirectional overrides and
+    all: so it is escaped as the terminal's text is (`printable`), in the one argument format (`call_arguments`),
+    and an "…" ends arguments cut at `limit` characters, so a cut summary never looks whole.
+    """
+    return printable(f"{tool}({call_arguments(arguments, limit)})")
 
 
 def clip(text: str, limit: int) -> str:

@@ -8,19 +8,22 @@ codemode.run cart                              the workflow run (one per run of 
 │  └─ codemode.attempt durable-codemode.model_request   the activity itself, on the worker that ran it
 ├─ codemode.run_code call_0                    code, line count, result size, outcome
 │  ├─ codemode.call get  call_0.0              tool, call id, argument and result sizes, approval wait
-│  │  └─ codemode.attempt cart.get             one per attempt (attribute codemode.attempt), in the activity
+│  │  └─ codemode.attempt cart.get             one per attempt (codemode.attempt), in the activity, with its
+│  │                                             outcome: ok, failed, cut_off, timed_out, cancelled (`_attempt_outcome`)
 │  └─ ...
 └─ codemode.model_request turn 1
 ```
 
-How the workflow-side spans get real durations and never duplicate on replay:
+How the workflow-side spans get real durations and are exported once per run:
 - They are created with the process's global tracer provider, which must be Temporal's replay-safe one
   (`temporalio.contrib.opentelemetry.create_tracer_provider()`): span and trace ids come from a random generator
-  seeded by the workflow, so a replay re-creates every span with the same id; a span's `end()` is dropped while
-  the workflow replays history (eviction counts as replay); a span started during a replay gets the replayed
-  event's time as its start. So a span is exported once, by the worker that sees it end live, with the time it
-  really started (from history when that worker replayed its start) and the time it really ended, and a child
-  exported before an eviction keeps pointing at the right parent.
+  seeded by the workflow, so a replay re-creates every span with the same id; a span started during a replay gets
+  the replayed event's time as its start, so a child exported before an eviction keeps pointing at the right
+  parent.
+- A span's end made while history replays is dropped (`_end`); one made live is handed to the worker that runs the
+  task (`_span_exports`), which exports it once the server has recorded that task as completed by this worker, and
+  drops it if not (the task then ran live again, where it ended again): one export per run across any number of
+  workers, replays and refused or timed-out tasks.
 - A span that ends by an exception that fails the workflow *task* (a bug, no sandbox process free) is not ended:
   the task is retried and re-creates it. A coroutine closed by garbage collection (a worker that shut down with
   the run cached) ends nothing either.
@@ -41,10 +44,9 @@ observed there, never through the workflow's own methods.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from contextvars import Token
@@ -59,6 +61,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, Status, StatusCode
 from temporalio import activity, workflow
 from temporalio.client import Client
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from ._errors import CodeModeUserError
 from ._names import (
@@ -68,6 +71,7 @@ from ._names import (
     OUTPUT_ACTIVITY,
     RUN_ERROR_ACTIVITY,
 )
+from ._span_exports import span_ended
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
@@ -133,34 +137,15 @@ def _current(span: Span) -> Iterator[None]:
         _detach(token)
 
 
-_ENDED: OrderedDict[tuple[int, int], None] = OrderedDict()
-"""(trace id, span id) of the workflow-side spans this process has ended, newest last, at most `_ENDED_MAX`.
-
-Span ids are seeded by the workflow, so a span's every re-creation has its id. The replay-safe provider drops an
-`end()` made while history replays, yet under load a span was exported twice with no workflow task failing,
-while `tests/test_observability.py` queried an uncached run every 50 ms (most likely a query answered beside an
-outstanding workflow task, whose events then ran live again). Ending a span only once per process closes that; a
-duplicate across two workers would need both to see it end live."""
-
-_ENDED_MAX = 100_000
-_ended_lock = threading.Lock()  # determinism: ok (guards a process-wide set; decides no workflow step)
-
-
 def _end(span: Span) -> None:
-    # Outside workflow code (a coroutine finalised by the garbage collector) the replay-safe span cannot tell a
-    # replay from a live run, so nothing ends there.
-    if not workflow.in_workflow():
+    """End a workflow-side span: live, hand it to the worker that runs this task (`_span_exports.span_ended`).
+
+    Ended while history replays, it is dropped: the worker that recorded its end exports it. Outside workflow code
+    (a coroutine finalised by the garbage collector) nothing ends: there a replay cannot be told from a live run.
+    """
+    if not workflow.in_workflow() or workflow.unsafe.is_replaying_history_events():
         return
-    context = span.get_span_context()
-    key = (context.trace_id, context.span_id)
-    with _ended_lock:
-        if key in _ENDED:
-            return
-        if not workflow.unsafe.is_replaying_history_events():  # a replayed end is dropped: it may still end live
-            _ENDED[key] = None
-            if len(_ENDED) > _ENDED_MAX:
-                _ENDED.popitem(last=False)
-    span.end()
+    span_ended(span)
 
 
 def _close(span: Span, error: BaseException) -> None:
@@ -556,8 +541,53 @@ class _ActivityInbound(temporalio.worker.ActivityInboundInterceptor):
                                       RUN_ERROR_ACTIVITY):  # a tool call's
             attributes["codemode.call_id"] = info.activity_id.rsplit("-", 1)[0]
         tracer = trace.get_tracer(TRACER_NAME)
-        with tracer.start_as_current_span(f"codemode.attempt {info.activity_type}", attributes=attributes):
-            return await super().execute_activity(input)
+        span = tracer.start_span(f"codemode.attempt {info.activity_type}", attributes=attributes)
+        try:
+            with _current(span):
+                result = await super().execute_activity(input)
+        except BaseException as e:
+            _attempt_failed(span, e)
+            span.end()
+            raise
+        span.set_attribute("codemode.outcome", "ok")
+        span.end()
+        return result
+
+
+def _attempt_outcome(error: BaseException) -> tuple[str, str | None]:
+    """What became of an activity attempt that raised `error`: its outcome, and its error status (`None`: no error).
+
+    A cancellation is told apart by its cause, since an attempt cut off by its worker's shutdown or by a timeout
+    raises the same `CancelledError` as one the run cancelled, and each is retried (or not) differently.
+    """
+    if type(error).__name__ == "_CompleteAsyncError":  # `activity.raise_complete_async()`: not an end at all
+        return "completes_async", None
+    if not isinstance(error, (asyncio.CancelledError, CancelledError)):
+        kind = error.type if isinstance(error, ApplicationError) and error.type else type(error).__name__
+        text = str(error)  # a tool's failure already reads "ValueError: ..."
+        return "failed", text if text.startswith(f"{kind}:") else f"{kind}: {text}"
+    details = activity.cancellation_details()
+    if activity.is_worker_shutdown() or (details is not None and details.worker_shutdown):
+        return "cut_off", ("cut off: the worker shut down during the attempt, so it did not finish; Temporal "
+                           "retries the call (on another worker)")
+    if details is not None and details.timed_out:
+        return "timed_out", ("cut off: the attempt timed out (its heartbeat or start-to-close timeout) before it "
+                             "finished; Temporal retries the call within its retry policy")
+    if details is not None and (details.paused or details.reset):
+        what = "paused" if details.paused else "reset"
+        return what, f"cut off: the activity was {what} by an operator during the attempt"
+    return "cancelled", "cancelled: the run cancelled the call (or the run itself was cancelled) during the attempt"
+
+
+def _attempt_failed(span: Span, error: BaseException) -> None:
+    """Mark an attempt's span with what became of it (`_attempt_outcome`), its status an error unless it was none."""
+    outcome, problem = _attempt_outcome(error)
+    span.set_attribute("codemode.outcome", outcome)
+    if problem is None:
+        return
+    if isinstance(error, Exception):
+        span.record_exception(error)
+    span.set_status(Status(StatusCode.ERROR, problem[:1000]))
 
 
 class _CodeModeTracingInterceptor(temporalio.worker.Interceptor):

@@ -244,12 +244,16 @@ class ToolCatalog:
 BEHAVIOR_VERSION = 2
 """How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
 
-- 1: an approval rule is asked on every replay of a call, so a replay needs the rule as it was.
-- 2: an approval rule's verdict is recorded when the call is made (`approval_verdict_marker`), and replays read it.
-
 Raise it when a change would make a recorded run replay differently (another command, another order, another
 recorded value), and keep the old behaviour behind `spec.behavior_version` for as long as the old version is
-supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its last release below."""
+supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its last release below.
+
+- 1: the execution model of 0.2.0 (`tests/histories/behavior_version_1.json`).
+- 2: as 1, but an approval rule's verdict is recorded when the call is made (`approval_verdict_marker`) and
+  replays read it (version 1 asks the rule again on every replay, so its replay needs the rule as it was); and the
+  run's code writes how it ended the run (`completed`, `failed`, `cancelled`) into its status
+  (the `CodemodeStatus` search attribute, or the `status` memo) in the workflow task that ends it: one more
+  command there (`tests/histories/behavior_version_2.json`)."""
 
 OLDEST_BEHAVIOR_VERSION = 1
 """The oldest behaviour version this release replays; older runs are refused by name (`workflow._run`)."""
@@ -259,6 +263,9 @@ RELEASES_BY_BEHAVIOR_VERSION = {0: "durable-codemode 0.1.0"}
 
 RECORDED_RULE_VERDICTS = 2
 """The behaviour version from which a run records its approval rules' verdicts instead of asking them on replay."""
+
+RECORDED_END_STATUS = 2
+"""The behaviour version from which the run's code writes how it ended the run into its status."""
 
 
 @dataclass(kw_only=True)

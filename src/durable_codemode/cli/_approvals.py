@@ -17,7 +17,7 @@ from temporalio.service import RPCError
 from .._approvals import ApprovalRecord, PendingApproval, RejectedDecision, decided_by
 from .._errors import CodeModeError, CodeModeUserError, DecisionConflictError
 from .._outcome import EXIT_FAILED, EXIT_OK
-from .._results import code_lines, preview, printable
+from .._results import call_arguments, code_lines, preview, printable
 from ..client._operations import (
     decide,
     decide_all,
@@ -49,7 +49,7 @@ async def approvals_command(args: argparse.Namespace) -> int:
     for p in pending:
         since = p.requested_at.strftime("%Y-%m-%d %H:%M:%S")
         say(f"{printable(p.call_id):<14} {printable(p.tool):<18} {since:<20} {p.line:>4}  "
-             f"{printable(preview(p.args, 60))}")
+             f"{printable(call_arguments(p.args, 60))}")
         if p.run_id:
             say(f"{'':<14} {'':<18} waits in child run {printable(p.run_id)}: decide it there")
         if p.code:
@@ -88,11 +88,11 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
         by = f" by {printable(record.approver)}" if record.approver else ""
         counted = "" if record.settled else " (counted; the call needs more approvals)"
         say(f"{verb} {printable(record.call_id)} {printable(record.tool)}("
-             f"{printable(preview(record.args, 60)[1:-1])}){by}{counted}")
+             f"{printable(call_arguments(record.args, 60))}){by}{counted}")
     command = "approve" if approved else "deny"
     for p in elsewhere:  # a child run's calls: decided on the child, not through its parent
         child = p.run_id or ""
-        say(f"not decided here: {printable(p.call_id)} {printable(p.tool)}({printable(preview(p.args, 60)[1:-1])}) "
+        say(f"not decided here: {printable(p.call_id)} {printable(p.tool)}({printable(call_arguments(p.args, 60))}) "
             f"waits in child run {printable(child)}: codemode {command} {shlex.quote(printable(child))} "
             f"{shlex.quote(printable(p.call_id))} (or --all there)")
     return EXIT_OK

@@ -220,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "id, agent, state (running, waiting for approval, completed, failed, "
                                "continued-as-new), start time.")
     runs.add_argument("--agent", help="only this agent's runs")
-    runs.add_argument("--status", choices=RUN_STATES, help="only runs in this state ('waiting': running and "
-                      "waiting for an approval)")
+    runs.add_argument("--status", choices=RUN_STATES, help="only runs in this state ('waiting': open and "
+                      "waiting for an approval; 'running': open and not waiting)")
     runs.add_argument("--query", metavar="Q", help="a visibility query to narrow the runs, e.g. \"TaskQueue = "
                       "'cart'\"")
     runs.add_argument("--version", metavar="NAME:BUILD_ID", help="only runs pinned to this worker deployment version "

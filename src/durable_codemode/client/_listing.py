@@ -1,7 +1,11 @@
 """Recent runs of a server from Temporal's visibility store, with the state a person asks about first.
 
-Visibility knows a run's Temporal status; whether a running run waits on a person is the `CodemodeStatus` search
-attribute (or the `status` memo key on a server without it, see `_visibility`), which the run keeps up to date.
+Visibility knows a run's Temporal status (`ExecutionStatus`), which is the one that says whether a run has ended:
+only Temporal's own status follows a run that Temporal ended without running its code (terminated, timed out).
+Whether a running run waits on a person is the `CodemodeStatus` search attribute (or the `status` memo key on a
+server without it, see `_visibility`), which the run keeps up to date and, from behaviour version 2 on, sets to how
+its code ended it; it is read only for runs visibility lists as running. So `--status running` and `--status
+waiting` are both open runs, told apart by that attribute.
 So agent and "waiting" are filters of the visibility query itself when the server has the search attributes.
 Runs started by an older client carry neither: they are asked by the `pending_approvals` query (answered in
 milliseconds by a worker), with a short deadline and for a bounded number of runs, so a list of hundreds of runs,
@@ -38,7 +42,7 @@ RunState = Literal["running", "waiting for approval", "completed", "failed", "co
 
 RUN_STATES: tuple[str, ...] = ("running", "waiting", "completed", "failed", "continued-as-new", "terminated",
                                "cancelled", "timed-out")
-"""What `codemode runs --status` accepts (`waiting`: running and waiting for an approval)."""
+"""What `codemode runs --status` accepts (`waiting`: open and waiting for an approval; `running`: open and not)."""
 
 _VISIBILITY_STATUS = {
     "running": "Running", "waiting": "Running", "completed": "Completed", "failed": "Failed",
@@ -137,12 +141,16 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
         clauses.append(f"{AGENT_SEARCH_ATTRIBUTE} = {_quoted(agent)}")
     if indexed and status == "waiting":
         clauses.append(f"{STATUS_SEARCH_ATTRIBUTE} = '{STATUS_WAITING}'")
+    if indexed and status == "running":  # open and not waiting; runs of older clients record no status
+        clauses.append(f"({STATUS_SEARCH_ATTRIBUTE} IS NULL OR {STATUS_SEARCH_ATTRIBUTE} != '{STATUS_WAITING}')")
     if query:
         clauses.append(f"({query})")
     runs: list[tuple[WorkflowExecution, RunSummary]] = []
     # Without the search attributes the agent and status are in the memo, which visibility cannot filter on: read
     # more and filter here (runs of older clients are among them too).
-    scan = limit * 10 if not indexed and (agent or status == "waiting") else limit
+    # `running` excludes runs waiting for a person, which visibility lists as Running too: the query does with the
+    # search attribute (so a fleet of waiting runs cannot crowd the running ones out), else read more, filter here.
+    scan = limit * 10 if not indexed and (agent or status in ("waiting", "running")) else limit
     async for execution in client.list_workflows(" AND ".join(clauses), limit=scan):
         memo = await execution.memo()
         name = execution.typed_search_attributes.get(AGENT_KEY) or memo.get(AGENT_MEMO)
@@ -158,7 +166,7 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
         if state == "running" and isinstance(recorded, str):
             summary.state = "waiting for approval" if recorded == STATUS_WAITING else "running"
         runs.append((execution, summary))
-        if len(runs) >= (scan if status == "waiting" else limit):
+        if len(runs) >= (scan if status in ("waiting", "running") else limit):
             break
     # Asked by query: runs that do not record their status (older clients), and waiting runs, for how many calls
     # wait; a running run that records "running" need not be asked.
@@ -172,4 +180,6 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
     found = [s for _, s in runs]
     if status == "waiting":
         found = [s for s in found if s.state == "waiting for approval"]
+    elif status == "running":
+        found = [s for s in found if s.state == "running"]
     return found[:limit]

@@ -44,7 +44,6 @@ from .._errors import (
     InvalidRunInputError,
     RunClosedError,
     RunNotFoundError,
-    WorkerUnavailableError,
 )
 from .._models import unknown_model
 from .._names import call_fingerprint
@@ -53,6 +52,7 @@ from .._types import RunInput, RunResult
 from ..worker._agent import CodeModeAgent
 from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
+from ._answering import no_answer
 from ._children import MAX_CHILD_DEPTH, children_of
 from ._failures import run_failure
 from ._moving import run_motion
@@ -115,14 +115,13 @@ async def _on_run(client: Client, run_id: str, call: Awaitable[_T], timeout: tim
             during = "aborted by closing workflow" in e.message  # it closed with the update in flight
             raise await _closed(client, run_id, during=during) or RunNotFoundError(run_id, _address(client)) from e
         if e.status in (RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED):
-            raise await _closed(client, run_id) or WorkerUnavailableError(
-                f"no worker answered for run {run_id!r} within {timeout.total_seconds():g} s: start a worker that "
-                "serves the run's agent on its task queue (`codemode worker`)") from e
+            raise await _closed(client, run_id) or await no_answer(
+                client, run_id, timeout, what="answered", todo="ask again") from e
         raise
     except WorkflowUpdateRPCTimeoutOrCancelledError as e:
-        raise await _closed(client, run_id) or WorkerUnavailableError(
-            f"no worker took the decision for run {run_id!r} within {timeout.total_seconds():g} s, so nothing was "
-            "recorded: start a worker that serves the run's agent on its task queue, then decide again") from e
+        raise await _closed(client, run_id) or await no_answer(
+            client, run_id, timeout, what="took the decision (so nothing was recorded)",
+            todo="decide again") from e
 
 
 def _address(client: Client) -> str:
@@ -473,7 +472,8 @@ async def pending_approvals(
 
     Raises:
         RunNotFoundError: no run with that id.
-        WorkerUnavailableError: no worker answered within `timeout` (a query needs one, even for a closed run).
+        WorkerUnavailableError: no worker answered within `timeout` (a query needs one, even for a closed run);
+            `WorkerBusyError` when one polls the run's task queue but was busy, so asking again later works.
 
     """
     return await _waiting_in(client, run_id, timeout, depth=0)
@@ -610,7 +610,8 @@ async def decide(
         CodeModeUserError: `seen` is another call, or one listed as waiting in another run (its `run_id`).
         RunNotFoundError: no run with that id.
         RunClosedError: the run has ended (the message says how); nothing was recorded.
-        WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded.
+        WorkerUnavailableError: no worker took the decision within `timeout`; nothing was recorded
+            (`WorkerBusyError`: one polls the run's task queue but was busy: decide again in a moment).
 
     """
     if seen is not None and (seen.call_id != call_id or seen.run_id not in (None, run_id)):

@@ -57,6 +57,7 @@ from .._run_events import (
 )
 from ..workflow._event_stream import StreamInfo
 from ..workflow._run import CodeModeRunWorkflow
+from ._answering import no_answer
 from ._operations import DEFAULT_ANSWER_TIMEOUT, run_result
 
 __all__ = ["DEFAULT_PATIENCE", "DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events",
@@ -127,10 +128,9 @@ class _Run:
             if e.status == RPCStatusCode.NOT_FOUND:
                 raise RunNotFoundError(run_id, self.client.service_client.config.target_host) from e
             if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED):
-                raise WorkerUnavailableError(
-                    f"no worker answered for run {run_id!r} within {self.timeout.total_seconds():g} s: its events "
-                    "are served by the run's workflow, so start a worker that serves the run's agent on its task "
-                    "queue (`codemode worker`)") from e
+                # Its events are served by the run's workflow: a worker must answer.
+                raise await no_answer(self.client, run_id, self.timeout, what="answered",
+                                      todo="follow its events again") from e
             raise
         except WorkflowQueryFailedError as e:
             if "unknown" in str(e).lower() or "not registered" in str(e).lower():

@@ -194,7 +194,7 @@ class _Follower:
                 if len(lines) > 6:
                     self.say("   │ …")
             elif isinstance(part, ToolCallPart):
-                self.say(f"{turn} → {part.tool_name}({preview(part.args_as_dict(), 80)[1:-1]})")
+                self.say(f"{turn} → {part.tool_name}({call_arguments(part.args_as_dict(), 80)})")
             elif isinstance(part, TextPart) and part.content.strip():
                 self.say(f"{turn} → answer: {preview(part.content, 200)}")
 

@@ -26,7 +26,7 @@ from pydantic_ai.run import AgentRunResultEvent
 from temporalio.client import Client
 
 from .._names import RUN_CODE_TOOL
-from .._results import code_lines, preview
+from .._results import call_arguments, code_lines, preview
 from .._run_events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
@@ -98,7 +98,7 @@ class _StreamFollower:
                     if len(lines) > 6:
                         self.say("   │ …")
                 else:
-                    self.say(f"model turn {self._turn} → {name}({preview(part.args_as_dict(), 80)[1:-1]})")
+                    self.say(f"model turn {self._turn} → {name}({call_arguments(part.args_as_dict(), 80)})")
             case NestedCallStartEvent(call_id=call_id, tool=tool, args=args):
                 self._started(call_id, tool, args)
             case NestedCallEndEvent(call_id=call_id, status=status, seconds=seconds, result=result):

@@ -29,7 +29,7 @@ from pydantic import TypeAdapter
 
 from .._approvals import ApprovalRecord, decided_by
 from .._config import SnippetLimits
-from .._results import answer_text, code_lines, printable
+from .._results import PREVIEW_CHARS, answer_text, call_arguments, code_lines, printable
 from .._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
@@ -290,10 +290,11 @@ def _seconds(value: float | None) -> str:
     return f"{value:.2f} s"
 
 
-def _args_text(args: dict[str, Any] | None) -> str:
+def _args_text(args: dict[str, Any] | None, limit: int) -> str:
+    """A call's arguments in the one format of every view of a call (`call_arguments`), cut at `limit`."""
     if args is None:
         return "…"
-    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False, default=repr)}" for k, v in args.items())
+    return call_arguments(args, limit)
 
 
 def _when(moment: datetime | None) -> str:
@@ -323,10 +324,7 @@ def files_text(files: dict[str, int], omitted: int = 0) -> str:
 
 def call_line(call: TraceCall, room: int) -> str:
     """One call as a line: id, tool(args), status, duration, attempts, approval, result or error."""
-    args = _args_text(call.args)
-    limit = max(room // 3, 12)
-    if len(args) > limit:
-        args = args[: limit - 1] + "…"
+    args = _args_text(call.args, max(room // 3, 12))
     parts = [f"{call.call_id}  {call.tool}({args})  {call.status}"]
     if call.line:
         parts.append(f"line {call.line}")
@@ -478,7 +476,7 @@ def render_trace(trace: RunTrace, *, width: int = 120) -> str:
     if decided:
         drawing.add("approvals:")
         for a in decided:
-            drawing.add(f"  {a.call_id}  {a.tool}({_args_text(a.args)})  {_approval_text(a)}  "
+            drawing.add(f"  {a.call_id}  {a.tool}({_args_text(a.args, PREVIEW_CHARS)})  {_approval_text(a)}  "
                         f"at {_when(a.decided_at)}")
     # Notes are never cut to the width: they say what the trace is missing and why.
     drawing.lines += [printable(f"note: {note}") for note in trace.notes]

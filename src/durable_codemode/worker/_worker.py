@@ -25,6 +25,7 @@ from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._errors import CodeModeUserError
 from .._pool import POOL, PoolSettings, check_sandbox_binary
 from .._signing import ApproverKeyring
+from .._span_exports import WorkerSpans
 from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
 from ..client._connect import connect
 from ..client._deploys import current_version, parse_version, version_label
@@ -36,6 +37,7 @@ from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._mcp import McpServers
 from ._seal import repl_key_from_env
+from ._span_settling import SpanRecordingRunner, settle_all, settle_spans
 from ._waiting_runs import start_check
 
 with workflow.unsafe.imports_passed_through():
@@ -67,7 +69,14 @@ Workflow activations are Python under one GIL, and each must yield within Tempor
 (TMPRL1101). Temporal's default (100 at once, on 500 threads) splits the CPU between all of them: a fresh worker
 that takes over 30 runs from a killed one replays all 30 at once, each replay got a thirtieth of the CPU and
 passed 2 s, every task failed and was retried the same way, and the runs never finished (`tests/test_chaos.py`).
-With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time."""
+With 4, the other tasks wait on the server's queue instead and each replay finishes in its own time.
+
+Sized again for a fleet of runs waiting for people (`bench/paused_fleet.py`, 1,000 runs started and paused on 2
+CPUs): queries and decisions take a slot too, yet more slots did not answer them sooner. At load 3-4, 2, 4 and 8
+slots paused all in 55-61 s, and a query's p50 was 70, 125 and 184 ms (max 3.3, 0.7, 2.2 s). At load 8-12 (other
+work on the machine), 8 slots took 88 s and 4 took 105 s, a gap within what the load itself varied, with as many
+queries past their timeout (185 and 220 of thousands). So 4 stays. A query that waits past its timeout now says
+the worker was busy (`WorkerBusyError`), not missing."""
 
 DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT = timedelta(seconds=30)
 """How long a stopping worker (SIGTERM, Ctrl-C, the end of `async with worker`) lets its in-flight activities finish.
@@ -139,17 +148,30 @@ class CodeModePlugin(SimplePlugin):
                          interceptors=client_interceptors() if tracing else None)
 
 
+IDLE_LOOK_SECONDS = 1.0
+"""How often a worker looks whether its sandbox pool went idle, while it is in use (`stop_idle_sandboxes`)."""
+
+
 async def stop_idle_sandboxes(idle_seconds: float | None) -> None:
-    """While a worker runs: stop the process's sandbox processes once no session was used for `idle_seconds`."""
+    """While a worker runs: stop the process's sandbox processes `idle_seconds` after the pool was last used.
+
+    While the pool is in use it looks every `IDLE_LOOK_SECONDS` (a lock and a clock read); once idle, it sleeps
+    until the idle time is up, so the processes exit within a second of it, not one to two periods after (as when
+    it looked once a period).
+    """
     if idle_seconds is None:
         return
-    uses = POOL.uses()
     while True:
-        await asyncio.sleep(idle_seconds)
-        if await asyncio.to_thread(POOL.close_if_idle, uses):  # stopping the processes waits for them to exit
+        idle = POOL.idle_for()
+        if idle is None:
+            await asyncio.sleep(min(idle_seconds, IDLE_LOOK_SECONDS))
+        elif idle < idle_seconds:
+            await asyncio.sleep(idle_seconds - idle)
+        elif await asyncio.to_thread(POOL.close_if_idle, idle_seconds):  # stopping waits for the processes to exit
             logger.info("no sandbox session for %g s: the Monty pool's processes were stopped; the next program "
                         "starts them again", idle_seconds)
-        uses = POOL.uses()
+        else:
+            await asyncio.sleep(min(idle_seconds, IDLE_LOOK_SECONDS))  # used again meanwhile: look again later
 
 
 def _deployment(deployment: WorkerDeploymentVersion | str | None, options: dict[str, Any]
@@ -277,6 +299,14 @@ def create_worker(
     worker_options.setdefault("workflow_runner", workflow_runner())
 
     mcp_servers = McpServers([agent.agent for agent in agents])
+    if tracing is None:
+        tracing = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
+    spans: WorkerSpans | None = None
+    if tracing:
+        worker_options["interceptors"] = [*worker_options.get("interceptors", ()), *worker_interceptors(client)]
+        # Each workflow-side span is exported once, by this worker once the server recorded its task (`_span_exports`).
+        spans = WorkerSpans()
+        worker_options["workflow_runner"] = SpanRecordingRunner(worker_options["workflow_runner"], spans)
 
     @asynccontextmanager
     async def release_sandboxes_on_shutdown() -> AsyncIterator[None]:
@@ -293,6 +323,8 @@ def create_worker(
         told = asyncio.create_task(_tell_whether_current(client, version), name="durable-codemode version check") \
             if version is not None else None
         keys = start_check(client, task_queue, keyring, version)
+        settling = None if spans is None else asyncio.create_task(
+            settle_spans(client, spans), name="durable-codemode span settling")
         try:
             async with mcp_servers.serving():  # each stdio server started once, and stopped with the worker
                 yield
@@ -303,14 +335,13 @@ def create_worker(
             keys.cancel()
             POOL.reserve_task_slots(-slots)
             close_repls(task_queue)
+            if settling is not None and spans is not None:
+                settling.cancel()
+                await settle_all(client, spans)  # its runs' last spans: no next activation will export them
 
-    if tracing is None:
-        tracing = has_tracing_interceptor(client.config(active_config=True)["interceptors"])
-    if tracing:
-        worker_options["interceptors"] = [*worker_options.get("interceptors", ()), *worker_interceptors(client)]
     plugins = [*worker_options.pop("plugins", []),
                SimplePlugin("durable-codemode-sandbox-release", run_context=release_sandboxes_on_shutdown)]
-    return Worker(
+    worker = Worker(
         client,
         task_queue=task_queue,
         workflows=[CodeModeRunWorkflow if version is None else PinnedCodeModeRunWorkflow],
@@ -319,3 +350,6 @@ def create_worker(
         graceful_shutdown_timeout=graceful_shutdown_timeout,
         **worker_options,
     )
+    if spans is not None:  # as the server records this worker's task completions
+        spans.identity = worker.config().get("identity") or client.identity
+    return worker

@@ -33,6 +33,7 @@ from .._decisions import (
 )
 from .._errors import CodeModeUserError
 from .._names import call_digest, call_fingerprint
+from .._results import clip, printable
 from .._signing import ApproverKeyring, legacy_signing_payload, signing_payload
 
 __all__ = ["RULE_GONE", "RULE_UNKNOWN", "ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule",
@@ -353,12 +354,23 @@ class Approvals:
         return self.decided[pending.call_id]
 
     def details(self) -> str:
-        """What the run waits for, for the Temporal UI's current details."""
+        """What the run waits for, for the Temporal UI's current details.
+
+        Call ids hold the model's tool call ids (untrusted text, escaped as the CLI escapes it), and a gather may
+        wait on hundreds of calls: the first `_DETAILS_CALLS` are named, then how many more.
+        """
         if not self.pending:
             return ""
-        calls = "; ".join(f"{p.call_id} {p.tool}" for p in self.pending.values())
+        waiting = list(self.pending.values())
+        calls = "; ".join(f"{printable(clip(p.call_id, 80))} {p.tool}" for p in waiting[:_DETAILS_CALLS])
+        if len(waiting) > _DETAILS_CALLS:
+            calls += f"; … {len(waiting) - _DETAILS_CALLS} more"
         return f"waiting for approval of {len(self.pending)} call(s): {calls}"
 
+
+
+_DETAILS_CALLS = 10
+"""Waiting calls the current details name one by one (`Approvals.details`); the rest are counted."""
 
 def denial_message(record: ApprovalRecord) -> str:
     """The `PermissionError` message a program sees for a denied call."""

@@ -29,6 +29,7 @@ from temporalio.exceptions import ActivityError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from .._names import BATCH_ACTIVITY, batch_activity_id
+from .._results import clip, printable
 from .._types import BatchedCall, BatchInput, BatchOutcome, BatchResult, ToolSpec
 from ._guards import args_bytes
 
@@ -147,7 +148,8 @@ class ToolBatcher:
                 BATCH_ACTIVITY, input, result_type=BatchResult,
                 activity_id=batch_activity_id(ids, spec.name, [c.args for c in chunk]),
                 start_to_close_timeout=batch_timeout(spec), heartbeat_timeout=spec.heartbeat_timeout,
-                retry_policy=spec.retry_policy, summary=f"{ids[0]}..{ids[-1]} {spec.name}() x{len(ids)} (batch)")
+                retry_policy=spec.retry_policy, summary=printable(
+                    f"{clip(ids[0], 60)}..{clip(ids[-1], 60)} {spec.name}() x{len(ids)} (batch)"))
             answers = {o.call_id: (None if o.kind == "deferred" else o) for o in result.outcomes}
         except ActivityError as e:
             done = _heartbeated(e)

@@ -1,18 +1,21 @@
 """What a run is doing, for people: the Temporal UI's current details, and its status for `codemode runs`.
 
 - **Current details** (`workflow.set_current_details`) say the run's phase: `model turn 3`, `model turn 3:
-  snippet call_3 running: 120 calls in flight, 80 done`, or, first, `waiting for approval of 2 call(s): ...`.
+  snippet call_3 running: 120 calls in flight, 80 done`, or, first, `waiting for approval of 2 call(s): ...`
+  (then `snippet call_3 waiting: 0 calls in flight, 2 waiting for approval, 5 done`: a call waiting for a person
+  has not started, so it is not in flight). The model's call ids in them are escaped (`_results.printable`).
   They live in workflow memory and reach the UI (and `current_details()`) through Temporal's built-in metadata
   query; they are not written to history, so updating them on every call start and finish of a 200-call gather
   costs no event and no byte (measured: the same event count and history size with and without). Nothing reads
   them before the activation ends (a query is an activation of its own), so a change only marks them due, and
   they are published once, by a callback at the end of the activation's ready queue: a gather of 200 calls
   wrote them 400 times in one activation before.
-- **Status** (`running` / `waiting`, for "waiting for approval") is written where visibility can filter on it:
-  the `CodemodeStatus` search attribute when the run was started with it (the server has it registered), else
-  the `status` memo key when the run was started with that. Each change is one history event, and it changes
-  only when the first approval of a run starts waiting or the last one is decided. A run started with neither
-  (by an older client) writes nothing, so its history replays exactly as it was recorded.
+- **Status** (`running` / `waiting`, for "waiting for approval", then `completed` / `failed` / `cancelled` as
+  the run's code ends it) is written where visibility can filter on it: the `CodemodeStatus` search attribute
+  when the run was started with it (the server has it registered), else the `status` memo key when the run was
+  started with that. Each change is one history event, and it changes only when the first approval of a run
+  starts waiting or the last one is decided, and once at the end (runs of behaviour version 2 on). A run started
+  with neither (by an older client) writes nothing, so its history replays exactly as it was recorded.
 
 This module also hands the workflow's steps to the run's observers (`_telemetry.RunTelemetry`: spans, the history
 tools' replays), so the workflow has one hook per step.
@@ -26,8 +29,18 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import is_cancelled_exception
 
-from .._names import STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING
+from .._names import (
+    STATUS_CANCELLED,
+    STATUS_COMPLETED,
+    STATUS_FAILED,
+    STATUS_MEMO,
+    STATUS_RUNNING,
+    STATUS_SEARCH_ATTRIBUTE,
+    STATUS_WAITING,
+)
+from .._results import clip, printable
 from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
 
 if TYPE_CHECKING:
@@ -55,7 +68,8 @@ class RunProgress:
         self._approvals = approvals
         self._turn: int | None = None
         self._snippet: str | None = None
-        self._in_flight = 0
+        self._open: set[str] = set()
+        """The calls made and not yet settled (their approval wait included): in flight, or waiting for a person."""
         self._done = 0
         self._status: str | None = None
         self._status_via: str | None = None
@@ -64,6 +78,8 @@ class RunProgress:
         """The workflow instance this progress belongs to, from the moment its run starts (see `show`)."""
         self._details_due = False
         """Whether a publication of the details is scheduled in this activation (see `show`)."""
+        self._ended_as: str | None = None
+        """The status the run's code ended it with (`_ended`): final."""
 
     def details(self) -> str:
         """The current details text: what waits for a person first, then where the run is."""
@@ -73,11 +89,15 @@ class RunProgress:
             lines.append(waiting)
         if self._turn is not None:
             where = f"model turn {self._turn}"
+            # A call waiting for a person has not started: it is not "in flight".
+            gated = sum(1 for call_id in self._open if call_id in self._approvals().pending)
+            calls = f"{_calls(len(self._open) - gated)} in flight, " + (
+                f"{gated} waiting for approval, " if gated else "") + f"{self._done} done"
             if self._snippet is not None:
                 verb = "waiting" if waiting else "running"
-                where += f": snippet {self._snippet} {verb}: {_calls(self._in_flight)} in flight, {self._done} done"
-            elif self._in_flight or self._done:
-                where += f": {_calls(self._in_flight)} in flight, {self._done} done"
+                where += f": snippet {printable(clip(self._snippet, 80))} {verb}: {calls}"
+            elif self._open or self._done:
+                where += f": {calls}"
             lines.append(where)
         return "\n".join(lines)
 
@@ -96,7 +116,7 @@ class RunProgress:
             self._details_due = True
             asyncio.get_running_loop().call_soon(self._publish_details)
         status = STATUS_WAITING if self._approvals().pending else STATUS_RUNNING
-        if status != self._status:  # a history event: written at once, where the run made the change
+        if status != self._status and not self._ended_as:  # a history event: written at once, where it changed
             self._write_status(status)
 
     def _in_own_workflow(self) -> bool:
@@ -136,16 +156,55 @@ class RunProgress:
         observe_run(observer)
         self.telemetry = run_telemetry()
 
-    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int
+    def run(self, coro: Coroutine[Any, Any, RunResult[Any]], *, agent: str, run_index: int, records_end: bool
             ) -> Coroutine[Any, Any, RunResult[Any]]:
-        """Around the run's loop."""
+        """Around the run's loop; `records_end`: the run writes how its code ended it into its status (`_ending`).
+
+        `records_end` is the run's recorded behaviour (`AgentSpec.behavior_version` 2 on): runs of version 1 wrote
+        no such status, and replay as they ran.
+        """
         self._owner = workflow.instance()
-        return self.telemetry.run(coro, agent=agent, run_index=run_index)
+        traced = self.telemetry.run(coro, agent=agent, run_index=run_index)
+        return self._ending(traced) if records_end else traced
+
+    async def _ending(self, coro: Coroutine[Any, Any, RunResult[Any]]) -> RunResult[Any]:
+        try:
+            result = await coro
+        except BaseException as e:
+            self._ended(e)
+            raise
+        self._ended(None)
+        return result
+
+    def _ended(self, error: BaseException | None) -> None:
+        """The run's code ends the run (`error`: how, `None`: completed): its status says so, in this workflow task.
+
+        Without this a run's status stayed what it was last (`waiting`, for a run failed or cancelled while a call
+        waited for a person), so a filter on the status alone listed runs long gone. Continue-as-new is no end (the
+        next run carries the status on), nor is an exception that fails the workflow task (the task is retried).
+        Temporal ends some runs without their code running (terminate, an execution timeout): those keep the
+        status they had, and visibility's `ExecutionStatus` tells them apart.
+        """
+        if not self._in_own_workflow():
+            return
+        if error is None:
+            status = STATUS_COMPLETED
+        elif isinstance(error, asyncio.CancelledError) or (
+                isinstance(error, Exception) and is_cancelled_exception(error)):
+            status = STATUS_CANCELLED  # the run was asked to cancel: nothing else cancels its main coroutine
+        elif isinstance(error, Exception) and workflow.is_failure_exception(error):
+            status = STATUS_FAILED
+        else:
+            return
+        self._ended_as = status  # what the calls still settling as the run ends show no longer changes it
+        if status != self._status:
+            self._write_status(status)
 
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
                       ) -> Coroutine[Any, Any, ModelResponse]:
         """Around a model request: the run is now at model turn `turn`."""
-        self._turn, self._snippet, self._in_flight, self._done = turn, None, 0, 0
+        self._turn, self._snippet, self._done = turn, None, 0
+        self._open.clear()
         self.show()
         return self.telemetry.model_request(coro, turn=turn, model=model)
 
@@ -155,12 +214,14 @@ class RunProgress:
         return self._snippet_running(self.telemetry.snippet(coro, call_id=call_id, code=code), call_id)
 
     async def _snippet_running(self, coro: Coroutine[Any, Any, SnippetOutcome], call_id: str) -> SnippetOutcome:
-        self._snippet, self._in_flight, self._done = call_id, 0, 0
+        self._snippet, self._done = call_id, 0
+        self._open.clear()
         self.show()
         try:
             return await coro
         finally:
-            self._snippet, self._in_flight, self._done = None, 0, 0
+            self._snippet, self._done = None, 0
+            self._open.clear()
             self.show()
 
     def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
@@ -214,7 +275,7 @@ class RunProgress:
         its first step (an eviction cancels every task), and a coroutine made but never started would be
         reported as "never awaited".
         """
-        self._in_flight += 1
+        self._open.add(call_id)
         self.show()
         return self._counted(start, tool, call_id, args, self._approvals())
 
@@ -223,6 +284,7 @@ class RunProgress:
         try:
             return await self.telemetry.call(start(), tool=tool, call_id=call_id, args=args, approvals=approvals)
         finally:
-            self._in_flight = max(0, self._in_flight - 1)
-            self._done += 1
+            if call_id in self._open:  # else counted already, or in a snippet or turn that ended before it
+                self._open.discard(call_id)
+                self._done += 1
             self.show()

@@ -71,12 +71,13 @@ with workflow.unsafe.imports_passed_through():
         approval_verdict_marker,
         tool_activity_id,
     )
-    from .._results import PREVIEW_CHARS, clip, one_line, preview, printable
+    from .._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
     from .._run_events import EventStreamSettings
     from .._signing import ApproverKeyring
     from .._telemetry import ApprovalState
     from .._tool_usage import split_usage
     from .._types import (
+        RECORDED_END_STATUS,
         RECORDED_RULE_VERDICTS,
         AfterRunInput,
         AgentSpec,
@@ -380,7 +381,7 @@ class CodeModeRunWorkflow:
                 result_type=AgentSpec,
                 start_to_close_timeout=_DESCRIBE_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
-                summary=f"describe agent {input.agent}",
+                summary=printable(f"describe agent {clip(input.agent, 200)}"),
             )
             cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
                                 runs=0, new_message_index=len(input.message_history))
@@ -428,7 +429,7 @@ class CodeModeRunWorkflow:
                 messages = self._with_note(messages, carry_refused_note(refused))
         try:
             return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
-                                            run_index=cont.runs)
+                                            run_index=cont.runs, records_end=spec.behavior_version >= RECORDED_END_STATUS)
         finally:
             repl.release_reservation()
             repl.close()
@@ -473,7 +474,7 @@ class CodeModeRunWorkflow:
                 RunErrorInput(agent=cont.spec.agent, model=input.model, messages=messages, usage=cont.usage,
                               error_type=error_type, error_message=message, deps=input.deps),
                 result_type=RunRecovery,
-                summary=f"on_run_error hooks ({error_type})",
+                summary=printable(f"on_run_error hooks ({clip(error_type, 200)})"),
             )
             if not recovery.recovered:
                 raise  # as it would have failed without the hooks
@@ -838,9 +839,10 @@ class CodeModeRunWorkflow:
         }
         if spec.heartbeat_timeout is not None and not spec.local:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
-        args_text = one_line(args)  # once per call: the summary's preview and the record's
-        label = f"{tool}({clip(args_text, 120)[1:-1] if args else ''})"
-        options["summary"] = label  # the tool and call id are in the activity's type and id already
+        args_text = one_line(args)  # once per call: the record's preview
+        # The tool and call id are in the activity's type and id already. Temporal does not compare a summary on
+        # replay, so runs recorded with the older summaries (`get("i": 0)`) replay unchanged.
+        options["summary"] = call_summary(tool, args)
         payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"

@@ -64,7 +64,7 @@ from .._names import (
     nested_call_id,
     type_check_rejection_marker,
 )
-from .._results import bounded_result, jsonable, preview
+from .._results import bounded_result, clip, jsonable, preview, printable
 from .._stubs import CATALOG_PRELUDE, FILES_PRELUDE, TYPE_CHECK_PRELUDE
 from .._types import FILE_LISTING_LIMIT, AgentSpec, CallRecord, ComputeRequest, ComputeResult
 from ._files import FILE_FUNCTIONS, RunFilesystem
@@ -807,9 +807,10 @@ class _SnippetDriver:
             reason=f"computed past its in-workflow budget ({limits.max_turn_seconds:g} s a stretch, "
                    f"{limits.max_feed_seconds:g} s a workflow task): the compute activity takes it")
         recorded = request.start == "computed"
-        summary = (f"{self._run_code_id}: records a stretch computed in workflow code past its budget "
+        shown = printable(clip(self._run_code_id, 80))  # the model's tool call id: untrusted text
+        summary = (f"{shown}: records a stretch computed in workflow code past its budget "
                    f"({limits.max_turn_seconds:g} s)" if recorded else
-                   f"{self._run_code_id}: computes past its in-workflow budget ({limits.max_turn_seconds:g} s)")
+                   f"{shown}: computes past its in-workflow budget ({limits.max_turn_seconds:g} s)")
         try:
             result = await workflow.execute_activity(
                 COMPUTE_ACTIVITY, request, result_type=ComputeResult,
