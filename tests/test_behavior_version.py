@@ -9,8 +9,8 @@ replays it, so the run is never failed: it waits, unchanged, for a worker of tha
 random numbers, reads the clock, sleeps, waits for a person's approval and reuses its names in a second snippet;
 from version 2 on, also calls a tool whose approval rule gates one call and lets another through); each must
 replay as long as its version is supported. `behavior_version_1_rule.json` is a version-1 run whose approval rule
-gated a call (replayed with its rule in `test_deploy_changes`). Version 2 also ends with the status the run's code ends it with. The three `before_*.json` histories were recorded by
-0.1.0.
+gated a call (replayed with its rule in `test_deploy_changes`). Version 2 also ends with the status the run's code
+ends it with. The three `before_*.json` histories were recorded by 0.1.0.
 """
 
 from __future__ import annotations

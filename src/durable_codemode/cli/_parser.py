@@ -221,11 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                                "continued-as-new), start time.")
     runs.add_argument("--agent", help="only this agent's runs")
     runs.add_argument("--status", choices=RUN_STATES, help="only runs in this state ('waiting': open and "
-                      "waiting for an approval; 'running': open and not waiting)")
+                      "waiting for an approval; 'running': open and not waiting; 'open': either)")
     runs.add_argument("--query", metavar="Q", help="a visibility query to narrow the runs, e.g. \"TaskQueue = "
                       "'cart'\"")
     runs.add_argument("--version", metavar="NAME:BUILD_ID", help="only runs pinned to this worker deployment version "
-                      "(with --status running: the runs that still need it before it is retired)")
+                      "(with --status open: the runs that still need it before it is retired)")
     runs.add_argument("--limit", type=_positive, default=20, help="at most this many runs (default: 20)")
     runs.set_defaults(handler=runs_command)
 

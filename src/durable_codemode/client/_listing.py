@@ -40,12 +40,13 @@ __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
 RunState = Literal["running", "waiting for approval", "completed", "failed", "continued-as-new", "terminated",
                    "cancelled", "timed-out"]
 
-RUN_STATES: tuple[str, ...] = ("running", "waiting", "completed", "failed", "continued-as-new", "terminated",
-                               "cancelled", "timed-out")
-"""What `codemode runs --status` accepts (`waiting`: open and waiting for an approval; `running`: open and not)."""
+RUN_STATES: tuple[str, ...] = ("open", "running", "waiting", "completed", "failed", "continued-as-new",
+                               "terminated", "cancelled", "timed-out")
+"""What `codemode runs --status` accepts (`waiting`: open and waiting for an approval; `running`: open and not;
+`open`: either, what a worker deployment version still serves)."""
 
 _VISIBILITY_STATUS = {
-    "running": "Running", "waiting": "Running", "completed": "Completed", "failed": "Failed",
+    "open": "Running", "running": "Running", "waiting": "Running", "completed": "Completed", "failed": "Failed",
     "continued-as-new": "ContinuedAsNew", "terminated": "Terminated", "cancelled": "Canceled",
     "timed-out": "TimedOut",
 }
@@ -107,7 +108,7 @@ async def list_runs(
         query: A visibility query ANDed with the rest, e.g. `"TaskQueue = 'cart'"`.
         limit: At most this many runs.
         version: Only runs pinned to this Worker Deployment version, `NAME:BUILD_ID` (or `NAME.BUILD_ID`): with
-            `status="running"`, the runs that still need that version's workers before it can be retired.
+            `status="open"`, the runs that still need that version's workers before it can be retired.
 
     Raises:
         CodeModeUserError: an unknown status, or a version that is not `NAME:BUILD_ID`.

@@ -429,7 +429,8 @@ class CodeModeRunWorkflow:
                 messages = self._with_note(messages, carry_refused_note(refused))
         try:
             return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
-                                            run_index=cont.runs, records_end=spec.behavior_version >= RECORDED_END_STATUS)
+                                            run_index=cont.runs,
+                                            records_end=spec.behavior_version >= RECORDED_END_STATUS)
         finally:
             repl.release_reservation()
             repl.close()
