@@ -29,6 +29,11 @@ def test_persisted_names_are_pinned() -> None:
     assert _names.tool_activity_type("cart", "list_cart") == "cart.list_cart"
     assert _names.nested_call_id("call_1", 7) == "call_1.7"
     assert _names.tool_activity_id("call_1.7", "get", {"i": 3}) == "call_1.7-" + _names.call_digest("get", {"i": 3})
+    # The digest in every tool call's activity id (a replay compares ids): canonical, whatever the key order, sets
+    # in order; a change to it makes every open run's next replay diverge.
+    assert [_names.call_digest("get", args) for args in (
+        {"i": 3}, {"b": "x", "a": 1.5, "c": None, "d": True}, {"q": {"z": 1, "a": [1, {2, 1}]}, "p": (1, 2)}, {},
+    )] == ["c185047189", "ef08ce6dd6", "d406090fa3", "b2d11b8c31"]
     assert _names.BATCH_ACTIVITY == "durable-codemode.tool_batch"
     # A batch's id: its first call, how many, a digest of every call's id and arguments (sets canonical).
     assert _names.batch_activity_id(["call_1.0", "call_1.1"], "get", [{"i": 0}, {"i": {2, 1}}]) == (
@@ -87,6 +92,15 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     named = ('{"call_id":"c.0","tool":"get","args":"{}","status":"ok","result":"1",'
              '"started_at":"2026-01-02T03:04:05.000006Z","finished_at":"2026-01-02T03:04:05.000006Z"}')
     assert TypeAdapter(CallRecord).validate_json(named) == record == converter.from_payload(wire, CallRecord)
+    # Workflow code builds its records without validation (`CallRecord.made`): the same record, the same bytes.
+    made = CallRecord.made(call_id="c.0", tool="get", args="{}", status="ok", result="1", started_at=at,
+                           finished_at=at)
+    assert made == record and converter.to_payload(made) == wire
+    # A record's previews are in the run's result and what the model is told: ints and None skip the serializers.
+    from durable_codemode._results import one_line
+
+    assert [one_line(v) for v in (3, -2**70, None, True, 1.5, "a \n b", {"i": [1]})] == [
+        "3", "-1180591620717411303424", "null", "true", "1.5", "a b", '{"i": [1]}']
 
 
 def _over_a_hundred_dollars(args: dict[str, Any]) -> bool:

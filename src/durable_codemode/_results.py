@@ -102,6 +102,10 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
 
 def one_line(value: Any) -> str:
     """`value` as one line of text (JSON unless it is a string), whole: `clip` it to a preview's length."""
+    if type(value) is int:  # its JSON, without the serializers: a call record's preview of most tools' results
+        return int.__repr__(value)
+    if value is None:
+        return "null"
     text = value if isinstance(value, str) else json.dumps(jsonable(value), ensure_ascii=False, default=repr)
     return " ".join(text.split())
 

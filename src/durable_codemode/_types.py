@@ -397,6 +397,20 @@ class CallRecord:
         return {"call_id": call_id, "tool": tool, "args": args, "status": status, "result": result,
                 "started_at": started_at, "finished_at": started_at + timedelta(microseconds=micros)}
 
+    @classmethod
+    def made(cls, *, call_id: str, tool: str, args: str, status: Literal["ok", "error", "cancelled", "denied"],
+             result: str, started_at: datetime, finished_at: datetime) -> CallRecord:
+        """A record of fields workflow code made itself, so of the right types: built without validation.
+
+        Every nested call builds one in workflow code; validating what is right by construction was most of its
+        cost there (`_record`, timed in a replay of sequential-200: ~23 -> ~12 µs of CPU a call). Records read
+        from payloads are validated as ever.
+        """
+        record = object.__new__(cls)
+        record.__dict__.update(call_id=call_id, tool=tool, args=args, status=status, result=result,
+                               started_at=started_at, finished_at=finished_at)
+        return record
+
     @model_serializer(mode="wrap")
     def _to_list(self, named: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         if isinstance(info.context, dict) and info.context.get("records") == NAMED_RECORDS["records"]:

@@ -892,8 +892,8 @@ class CodeModeRunWorkflow:
                 started: datetime) -> CallRecord:
         result = preview(settled.get("return_value")) if status == "ok" else (
             f"{settled['exc_type']}: {settled.get('message', '')}")
-        return CallRecord(call_id=call_id, tool=tool, args=clip(args_text, PREVIEW_CHARS), status=status, result=result,
-                          started_at=started, finished_at=workflow.now())
+        return CallRecord.made(call_id=call_id, tool=tool, args=clip(args_text, PREVIEW_CHARS), status=status,
+                               result=result, started_at=started, finished_at=workflow.now())
 
     async def _seal(self, request: SealRequest) -> SealResult:
         result: SealResult = await workflow.execute_local_activity(
