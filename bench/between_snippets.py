@@ -28,8 +28,8 @@ from temporalio.worker import Replayer
 from bench.run_bench import machine, run_and_exit
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, create_worker, start_dev_server, start_run
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.testing import RunCode, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 from durable_codemode.workflow import _sandbox
 

@@ -40,7 +40,7 @@ from bench.floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.run_bench import CODEMODE_QUEUE, FLOOR_QUEUE, Bench, Kind, machine, make_agent, run_and_exit
 from durable_codemode import CodeModeRunWorkflow, create_worker, start_dev_server
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import shutdown_pool
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 from durable_codemode.workflow import _sandbox
 

@@ -33,11 +33,11 @@ from durable_codemode import (
     temporal_cli_path,
     wait_for_approvals,
 )
-from durable_codemode._names import call_fingerprint
-from durable_codemode._signing import legacy_signing_payload, signing_payload
 from durable_codemode.apps.activities.cart import CartStore
 from durable_codemode.apps.workflows import cart
 from durable_codemode.debugging import trace_run
+from durable_codemode.shared._names import call_fingerprint
+from durable_codemode.shared._signing import legacy_signing_payload, signing_payload
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 
 from .test_approvals import wait_pending

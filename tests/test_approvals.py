@@ -22,8 +22,8 @@ from durable_codemode import (
     pending_approvals,
     start_run,
 )
-from durable_codemode._pool import POOL
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._pool import POOL
 
 
 def refunds_agent(name: str, code: str, refunds: list[tuple[str, int]], *, timeout: timedelta | None = None,

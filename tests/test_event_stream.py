@@ -50,8 +50,6 @@ from durable_codemode import (
     start_run,
     stream_events,
 )
-from durable_codemode._errors import CodeModeUserError, RunNotFoundError
-from durable_codemode._names import STREAM_INFO_QUERY
 from durable_codemode.events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
@@ -69,6 +67,8 @@ from durable_codemode.events import (
     SnippetEndEvent,
     SnippetStartEvent,
 )
+from durable_codemode.shared._errors import CodeModeUserError, RunNotFoundError
+from durable_codemode.shared._names import STREAM_INFO_QUERY
 from durable_codemode.testing import (
     FinalOutput,
     RunCode,

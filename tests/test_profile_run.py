@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.profile_run import HAND_OFF, IDLE, WARM_UP, part_of, read_samples, thread_kind
-from durable_codemode import _pool
+from durable_codemode.worker import _pool
 
 pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 

@@ -4,7 +4,18 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
-from ._approvals import (
+from ._converter import DATA_CONVERTER
+from ._process import run_script
+from ._storage import LocalPayloadStore, data_converter
+from .client._connect import connect
+from .client._deciding import decide, decide_all, pending_approvals, rejected_decisions, wait_for_approvals
+from .client._devserver import start_dev_server, temporal_cli_path
+from .client._failures import RunWorkflowFailedError
+from .client._run_agent import run_agent
+from .client._runs import run_result, start_run, typed_result
+from .client._signer import ApprovalSigner, generate_approver_key
+from .client._stream import RunEventItem, stream_events
+from .shared._approvals import (
     ApprovalDecision,
     ApprovalRecord,
     ApproverPolicy,
@@ -14,9 +25,8 @@ from ._approvals import (
     RecordedApproverPolicy,
     RejectedDecision,
 )
-from ._config import DEFAULT_TOOL_RETRY_POLICY, CatalogSettings, SnippetLimits, ToolOptions
-from ._converter import DATA_CONVERTER
-from ._errors import (
+from .shared._config import DEFAULT_TOOL_RETRY_POLICY, CatalogSettings, SnippetLimits, ToolOptions
+from .shared._errors import (
     AgentNotFoundError,
     CodeModeError,
     CodeModeUserError,
@@ -32,32 +42,16 @@ from ._errors import (
     WorkerBusyError,
     WorkerUnavailableError,
 )
-from ._files import RunFiles
-from ._pool import PoolSettings
-from ._process import run_script
-from ._run_events import EventStreamSettings
-from ._signing import ApproverKeyring
-from ._storage import LocalPayloadStore, data_converter
-from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
-from .client._devserver import start_dev_server, temporal_cli_path
-from .client._failures import RunWorkflowFailedError
-from .client._operations import (
-    decide,
-    decide_all,
-    pending_approvals,
-    rejected_decisions,
-    run_agent,
-    run_result,
-    start_run,
-    typed_result,
-    wait_for_approvals,
-)
-from .client._signer import ApprovalSigner, generate_approver_key
-from .client._stream import RunEventItem, stream_events
+from .shared._files import RunFiles
+from .shared._names import DEFAULT_TASK_QUEUE
+from .shared._run_events import EventStreamSettings
+from .shared._signing import ApproverKeyring
+from .shared._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
 from .worker._agent import CodeModeAgent, ToolSelector
 from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call
-from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
+from .worker._pool import PoolSettings
+from .worker._worker import CodeModePlugin, create_worker
 from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [

@@ -24,7 +24,14 @@ with the new code (`codemode check-deploy`), and `move_run` pins a run to anothe
 
 from __future__ import annotations
 
-from ._errors import RunNotFoundError
+from ._history_fetch import (
+    fetch_chain,
+    fetch_history,
+    histories_from_json,
+    histories_to_json,
+    read_histories,
+    write_histories,
+)
 from .client._deploys import move_run
 from .client._listing import RUN_STATES, RunSummary, list_runs
 from .history._capture import ReplayCapture, quiet_replays, replay_history
@@ -35,14 +42,6 @@ from .history._deploy_check import (
     check_deploy,
     check_history,
     render_deploy_check,
-)
-from .history._fetch import (
-    fetch_chain,
-    fetch_history,
-    histories_from_json,
-    histories_to_json,
-    read_histories,
-    write_histories,
 )
 from .history._read import parse_histories, trace_histories, trace_run
 from .history._replay import (
@@ -71,6 +70,7 @@ from .history._trace import (
     render_trace,
     trace_json,
 )
+from .shared._errors import RunNotFoundError
 
 __all__ = [
     "RUN_STATES",

@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._names import AGENT_MEMO, AGENT_SEARCH_ATTRIBUTE, STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE
+from ..shared._names import AGENT_MEMO, AGENT_SEARCH_ATTRIBUTE, STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE
 
 __all__ = ["AGENT_KEY", "STATUS_KEY", "lacks_search_attributes", "start_options", "uses_search_attributes"]
 

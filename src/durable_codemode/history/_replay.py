@@ -32,17 +32,23 @@ from typing import Any, Literal
 from temporalio.client import Client, WorkflowExecution, WorkflowHistory
 from temporalio.runtime import Runtime
 
-from .._config import SnippetLimits
-from .._errors import CodeModeUserError
-from .._names import BATCH_ACTIVITY, MODEL_REQUEST_ACTIVITY, WORKFLOW_TYPE, call_id_of_activity, tool_of_activity_type
-from .._results import code_lines, preview, printable
+from .._history_events import RecordedActivity, RecordedRun, read_run
+from .._history_fetch import fetch_chain, fetch_history
 from .._storage import env_stores, resolve_history
-from .._types import RECORDED_RULE_VERDICTS, behavior_version_refusal
+from ..shared._config import SnippetLimits
+from ..shared._errors import CodeModeUserError
+from ..shared._names import (
+    BATCH_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    WORKFLOW_TYPE,
+    call_id_of_activity,
+    tool_of_activity_type,
+)
+from ..shared._results import code_lines, preview, printable
+from ..shared._types import RECORDED_RULE_VERDICTS, behavior_version_refusal
 from ..worker._agent import CodeModeAgent
 from ..workflow._approval_state import RULE_GONE, serve, served_agent, served_agents
 from ._capture import ReplayCapture, ReplayedCommand, ReplayedSnippet, failure_message, replay_history
-from ._events import RecordedActivity, RecordedRun, read_run
-from ._fetch import fetch_chain, fetch_history
 from ._read import _RULE_UNKNOWN, parse_histories
 from ._trace import RunTrace, TraceSnippet
 

@@ -27,11 +27,11 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from .._carry import SealRequest, SealResult
-from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
-from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
-from .._files import CARRY_WITHOUT_STORE_BYTES
-from .._names import (
+from ..shared._carry import SealRequest, SealResult
+from ..shared._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
+from ..shared._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
+from ..shared._files import CARRY_WITHOUT_STORE_BYTES
+from ..shared._names import (
     AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
     CHILD_DEPS_ACTIVITY,
@@ -43,8 +43,8 @@ from .._names import (
     SEAL_REPL_ACTIVITY,
     call_id_of_activity,
 )
-from .._tool_usage import with_usage
-from .._types import (
+from ..shared._tool_usage import with_usage
+from ..shared._types import (
     AfterRunInput,
     AgentSpec,
     BatchInput,

@@ -28,19 +28,19 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 from temporalio import activity
 
-from .._catalog import CATALOG_FUNCTIONS
-from .._config import CatalogSettings, SnippetLimits, ToolOptions
-from .._errors import CodeModeUserError, DepsFactoryError, TransientToolError
-from .._files import RunFiles
 from .._models import build_model
-from .._names import RUN_CODE_TOOL
 from .._pydantic_ai import (
     agent_settings,
     output_types,
     resolves_per_run,
 )
-from .._results import clip
-from .._run_events import EventStreamSettings
+from ..shared._config import CatalogSettings, SnippetLimits, ToolOptions
+from ..shared._errors import CodeModeUserError, DepsFactoryError, TransientToolError
+from ..shared._files import RunFiles
+from ..shared._names import RUN_CODE_TOOL
+from ..shared._results import clip
+from ..shared._run_events import EventStreamSettings
+from ..workflow._catalog import CATALOG_FUNCTIONS
 from ._capabilities import (
     CapabilityUse,
     fallback_model_names,

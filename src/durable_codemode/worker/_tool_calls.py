@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.usage import RunUsage
 
-from .._results import jsonable
+from ..shared._results import jsonable
 from ._capabilities import call_through_hooks, instrumentation_of, instrumented_context
 from ._mcp import mcp_toolsets, reconnect_lost, schema_digest
 

@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic_ai.usage import RunUsage, UsageLimits
 
-    from .._approvals import (
+    from ..shared._approvals import (
         APPROVE_SIGNAL,
         DECIDE_ALL_UPDATE,
         DECIDE_UPDATE,
@@ -51,11 +51,10 @@ with workflow.unsafe.imports_passed_through():
         PendingApproval,
         RejectedDecision,
     )
-    from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
-    from .._decisions import batch_of, decision_of
-    from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
-    from .._fingerprints import recorded_output
-    from .._names import (
+    from ..shared._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
+    from ..shared._decisions import batch_of, decision_of
+    from ..shared._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
+    from ..shared._names import (
         AFTER_RUN_ACTIVITY,
         CHILD_APPROVALS_SIGNAL,
         CHILD_RUNS_QUERY,
@@ -71,12 +70,11 @@ with workflow.unsafe.imports_passed_through():
         approval_verdict_marker,
         tool_activity_id,
     )
-    from .._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
-    from .._run_events import EventStreamSettings
-    from .._signing import ApproverKeyring
-    from .._telemetry import ApprovalState
-    from .._tool_usage import split_usage
-    from .._types import (
+    from ..shared._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
+    from ..shared._run_events import EventStreamSettings
+    from ..shared._signing import ApproverKeyring
+    from ..shared._tool_usage import split_usage
+    from ..shared._types import (
         RECORDED_END_STATUS,
         RECORDED_RULE_VERDICTS,
         AfterRunInput,
@@ -104,8 +102,11 @@ with workflow.unsafe.imports_passed_through():
     from ._child_runs import ChildRuns
     from ._event_stream import RunEventStream, StreamInfo
     from ._files import RunFilesystem
+    from ._fingerprints import recorded_output
+    from ._observers import ApprovalState
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
+    from ._sandbox_sessions import sandbox_sessions
     from ._system_prompts import opening_parts, revalued
 
 __all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]
@@ -216,7 +217,7 @@ class CodeModeRunWorkflow:
         self._output_retries = 0
         self._tool_retries: dict[str, int] = {}
         self._approvals = Approvals()
-        self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
+        self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_observers)
         self._files: RunFilesystem | None = None
         self._output_tool_name: str | None = None
         self._children = ChildRuns()
@@ -421,7 +422,8 @@ class CodeModeRunWorkflow:
             )
         if spec.files is not None:
             self._files = RunFilesystem(spec.files, cont.files)
-        repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending,
+        repl = Repl(spec, self._start_tool, sandbox_sessions(),
+                    awaiting_person=lambda call_id: call_id in self._approvals.pending,
                     files=self._files, notices=self._progress)
         if cont.repl is not None:
             refused = await self._restore_repl(cont.repl, repl)

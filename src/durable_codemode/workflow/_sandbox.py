@@ -17,7 +17,7 @@ see `_SnippetDriver`): a replay reads it and never times anything.
 A run holds a sandbox process only while its program computes, within one activation: whenever the program waits on
 Temporal (tool calls, timers, a person), it is dumped into workflow memory and its process goes back to the pool,
 and the next activation loads it into whichever process is free. (A program waiting on plain tool calls may keep
-its process instead, within the pool's hold budget, live and in replays: `_pool.SandboxPool.try_hold`; so may a
+its process instead, within the pool's hold budget, live and in replays: `worker/_pool.SandboxPool.try_hold`; so may a
 live run waiting on its model between snippets, and a fresh snippet may take a session warmed meanwhile:
 `Repl.run`, `Repl.reserve_session`.) So the pool bounds the workflow tasks computing at once, not the runs whose
 programs are live (see `PoolSettings`). Holding the process across the wait made every run past the pool's size
@@ -52,21 +52,19 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
-from .. import _pool
-from .._catalog import CATALOG_FUNCTIONS, CatalogIndex
-from .._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
-from .._config import is_time_limit, monty_limits
-from .._files import FILES_ROOT
-from .._names import (
+from ..shared._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
+from ..shared._config import is_time_limit, monty_limits
+from ..shared._files import FILES_ROOT
+from ..shared._names import (
     COMPUTE_ACTIVITY,
     compute_activity_id,
     compute_marker,
     nested_call_id,
     type_check_rejection_marker,
 )
-from .._results import bounded_result, clip, jsonable, preview, printable
-from .._stubs import CATALOG_PRELUDE, FILES_PRELUDE, TYPE_CHECK_PRELUDE
-from .._types import FILE_LISTING_LIMIT, AgentSpec, CallRecord, ComputeRequest, ComputeResult
+from ..shared._results import bounded_result, clip, jsonable, preview, printable
+from ..shared._types import FILE_LISTING_LIMIT, AgentSpec, CallRecord, ComputeRequest, ComputeResult
+from ._catalog import CATALOG_FUNCTIONS, CatalogIndex
 from ._files import FILE_FUNCTIONS, RunFilesystem
 from ._guards import (
     MAX_ANSWERS_WITHOUT_WAIT,
@@ -76,6 +74,8 @@ from ._guards import (
     output_overflow_message,
     stopped_message,
 )
+from ._sandbox_sessions import SandboxSessions
+from ._stubs import CATALOG_PRELUDE, FILES_PRELUDE, TYPE_CHECK_PRELUDE
 
 __all__ = ["CallSite", "Repl", "SandboxUnavailableError", "SnippetOutcome", "StartTool", "close_repls"]
 
@@ -196,10 +196,12 @@ def close_repls(task_queue: str) -> int:
 class Repl:
     """The Monty session of one workflow run; variables persist across its snippets."""
 
-    def __init__(self, spec: AgentSpec, start_tool: StartTool,
+    def __init__(self, spec: AgentSpec, start_tool: StartTool, sessions: SandboxSessions,
                  awaiting_person: AwaitingPerson = lambda call_id: False,
                  files: RunFilesystem | None = None, notices: SandboxNotices | None = None) -> None:
         self._spec = spec
+        self.sessions = sessions
+        """The worker's Monty processes, as workflow code may use them (`_sandbox_sessions`)."""
         self.notices: SandboxNotices = notices or _NoNotices()
         self.files = files
         """The run's files (`RunFiles`), which outlive the REPL (a restart keeps them); `None`: the run has none."""
@@ -244,11 +246,11 @@ class Repl:
         cold one.
         """
         # A replayed task gets a process without the live backstop: what it re-runs, the live run finished in
-        # workflow code, and its outcome must not depend on how fast this machine is (see `_pool`).
+        # workflow code, and its outcome must not depend on how fast this machine is (see `worker/_pool`).
         replaying = _replaying()
         options = self._checkout_options(seed, replaying=replaying)
-        checkout = _pool.POOL.session(options, kind="replay" if replaying else "live",
-                                      warm_key=None if replaying else warm_key)
+        checkout = self.sessions.session(options, kind="replay" if replaying else "live",
+                                            warm_key=None if replaying else warm_key)
         try:
             session = self._checked_out.enter_context(checkout)
         except TimeoutError as e:
@@ -263,7 +265,7 @@ class Repl:
     def reserve_session(self) -> None:
         """Before a model request: draw the next snippet's seed now, and (live) warm a fresh session with it.
 
-        A session's first type check costs ~15 ms (`_pool.SandboxPool.prewarm_session`); drawn here, the seed is
+        A session's first type check costs ~15 ms (`worker/_pool.SandboxPool.prewarm_session`); drawn here, the seed is
         known while the request is in flight, so a fresh session for the snippet it may bring can be warmed
         meanwhile. Every code-mode run draws it here, whether a session is warmed or not (and a replay warms none):
         the same draws, live and on replay. A reservation not yet taken stands.
@@ -273,7 +275,7 @@ class Repl:
         key = f"{workflow.info().run_id}/{self._snippets}"
         self._reserved = (workflow.random().getrandbits(63), key)
         if not _replaying() and self._idle_state is None and self._session is None:
-            _pool.POOL.prewarm_session(key, self._checkout_options(self._reserved[0], replaying=False))
+            self.sessions.prewarm_session(key, self._checkout_options(self._reserved[0], replaying=False))
 
     def take_reserved_seed(self) -> tuple[int, str] | None:
         """The seed `reserve_session` drew for this snippet, with its warm session's key; `None` if none was."""
@@ -283,7 +285,7 @@ class Repl:
     def release_reservation(self) -> None:
         """The run ends: drop the session warmed for a snippet that will not come."""
         if self._reserved is not None:
-            _pool.POOL.discard_warm_session(self._reserved[1])
+            self.sessions.discard_warm_session(self._reserved[1])
             self._reserved = None
 
     @property
@@ -331,7 +333,7 @@ class Repl:
         session, self._session = self._session, None
         if self._kept:
             self._kept = False
-            _pool.POOL.release_hold()
+            self.sessions.release_hold()
         if session is not None:
             _open_repls.get(self._task_queue, set()).discard(self)
             self._checked_out.close()  # ended off the workflow thread; a process already gone is replaced
@@ -370,7 +372,7 @@ class Repl:
                 self._idle_state = None  # the process died after the snippet: the next one starts fresh
                 self.close()
                 return outcome
-            if self._may_keep_between_snippets() and _pool.POOL.try_hold():
+            if self._may_keep_between_snippets() and self.sessions.try_hold():
                 self._kept = True
             else:
                 self.close()
@@ -398,11 +400,11 @@ class Repl:
         (a dump loads only into a session nothing was fed).
         """
         if warm_key is not None and self._idle_state is not None:
-            _pool.POOL.discard_warm_session(warm_key)
+            self.sessions.discard_warm_session(warm_key)
             warm_key = None
         if self._kept and self._session is not None:  # the REPL's own session, kept since its last snippet
             self._kept = False
-            _pool.POOL.release_hold()  # now this workflow task's session, as a checkout would be
+            self.sessions.release_hold()  # now this workflow task's session, as a checkout would be
             self._idle_state = None
             return self._session, None
         self._session = self._checkout(seed=seed, warm_key=warm_key)
@@ -738,12 +740,12 @@ class _SnippetDriver:
             return snap  # too big to record without a payload store: a replay computes it again
         request = ComputeRequest(agent=self._spec.agent, run_code_id=self._run_code_id, start="computed",
                                  state=None, limits=limits, computed=outcome)
-        if outcome.kind == "suspended" and _pool.POOL.try_hold():
+        if outcome.kind == "suspended" and self._repl.sessions.try_hold():
             # The program is where the record says: it keeps its process over the recording (see `_may_hold`).
             try:
                 return await self._went_over(request, keep=snap)
             finally:
-                _pool.POOL.release_hold()
+                self._repl.sessions.release_hold()
         return await self._went_over(request)
 
     def _outcome_of(self, snap: Any, took: float) -> ComputeResult | None:
@@ -1019,12 +1021,12 @@ class _SnippetDriver:
         if not any(f.done() for f in futures):
             self.tell_printed()
             for_people = self._waiting_on_people(ids)
-            if self._may_hold(ids, for_people) and _pool.POOL.try_hold():
+            if self._may_hold(ids, for_people) and self._repl.sessions.try_hold():
                 # A short wait on tool calls: the program keeps its process, saving a dump and a load.
                 try:
                     await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    _pool.POOL.release_hold()
+                    self._repl.sessions.release_hold()
             else:
                 # The program waits on Temporal: release its process for the wait (see the module docstring).
                 current = _Parked(self._repl.park(snap))
@@ -1044,7 +1046,7 @@ class _SnippetDriver:
         return current, answers
 
     def _may_hold(self, ids: list[int], for_people: bool) -> bool:
-        """Whether the program may keep its process while it waits on `ids` (see `_pool.SandboxPool.try_hold`).
+        """Whether the program may keep its process while it waits on `ids` (see `worker/_pool.SandboxPool.try_hold`).
 
         Only for waits on tool calls (not people, not timers: both can be
         long), and only while the last dump is recent enough to compute from again (a process that dies while

@@ -31,6 +31,7 @@ from ._run_events import EventStreamSettings
 __all__ = [
     "BEHAVIOR_VERSION",
     "FILE_LISTING_LIMIT",
+    "MAX_DEPS_BYTES",
     "NAMED_RECORDS",
     "OLDEST_BEHAVIOR_VERSION",
     "RECORDED_RULE_VERDICTS",
@@ -876,3 +877,8 @@ class ComputeRequest:
     """`computed`: the outcome to record."""
     cwd: str | None = None
     """`feed`: the snippet's working directory (`/files` in runs with files); `None`: Monty's default."""
+
+
+MAX_DEPS_BYTES = 64 * 1024
+"""The most a run's deps may be, as JSON: they travel in the run's input and with every model request and tool
+call (each an activity whose input is recorded), so they are ids and settings, not data."""

@@ -13,7 +13,7 @@ instances run with that model.
 
 ```python
 from durable_codemode import start_dev_server
-from durable_codemode.benchmark import render_report, run_benchmark
+from durable_codemode.cli._benchmark import render_report, run_benchmark
 from durable_codemode.apps.workflows import all_tasks
 
 async with await start_dev_server() as env:
@@ -49,19 +49,19 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Replayer
 
-from ._bundled import bundled_apps
-from ._errors import CodeModeUserError
-from ._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
-from .client._operations import start_run
-from .history._capture import failure_message
-from .testing import fetch_chain_histories
-from .worker._agent import CodeModeAgent
-from .worker._describe import describe_run
-from .worker._worker import create_worker, workflow_runner
-from .workflow._run import CodeModeRunWorkflow
+from .._bundled import bundled_apps
+from .._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
+from ..client._runs import start_run
+from ..history._capture import failure_message
+from ..shared._errors import CodeModeUserError
+from ..testing import fetch_chain_histories
+from ..worker._agent import CodeModeAgent
+from ..worker._describe import describe_run
+from ..worker._worker import create_worker, workflow_runner
+from ..workflow._run import CodeModeRunWorkflow
 
 if TYPE_CHECKING:
-    from .apps.workflows.tasks import Mode, Task
+    from ..apps.workflows.tasks import Mode, Task
 
 __all__ = [
     "MIN_MODEL_REQUESTS",
@@ -633,7 +633,7 @@ def add_bench_command(commands: Any) -> None:
 
 def _select(args: argparse.Namespace) -> list[Task]:
     with bundled_apps("codemode bench"):
-        from .apps.workflows import all_tasks
+        from ..apps.workflows import all_tasks
 
     tasks = all_tasks()
     known_apps = sorted({app for t in tasks for app in t.apps})
@@ -655,8 +655,8 @@ def _select(args: argparse.Namespace) -> list[Task]:
 
 async def bench_command(args: argparse.Namespace) -> int:
     """`codemode bench`: exit 0 when every row passed, 1 when one did not, 2 on a usage error."""
-    from .client._connect import configured_address, connect
-    from .client._devserver import start_dev_server
+    from ..client._connect import configured_address, connect
+    from ..client._devserver import start_dev_server
 
     def say(text: str = "") -> None:
         print(text, flush=True)
