@@ -177,7 +177,7 @@ def machine() -> str:
         except importlib.metadata.PackageNotFoundError:
             return "?"
 
-    from durable_codemode import temporal_cli_path
+    from durable_codemode.client._devserver import temporal_cli_path
 
     try:
         cli = subprocess.run([temporal_cli_path(), "--version"], capture_output=True, text=True, timeout=10,

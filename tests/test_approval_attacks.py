@@ -17,7 +17,6 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from durable_codemode import (
-    ApprovalDecision,
     CodeModeRunWorkflow,
     DecisionConflictError,
     RunClosedError,
@@ -28,7 +27,7 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode.client._deciding import _own_record
-from durable_codemode.shared._approvals import ApprovalRecord
+from durable_codemode.shared._approvals import ApprovalDecision, ApprovalRecord
 from durable_codemode.shared._decisions import MAX_APPROVER_CHARS, MAX_NOTE_CHARS, decision_update_id
 from durable_codemode.shared._signing import signing_payload
 from durable_codemode.testing import new_task_queue, replay

@@ -67,15 +67,9 @@ from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_codemode import (
-    CodeModeAgent,
-    ToolOptions,
-    pending_approvals,
-    start_run,
-    temporal_cli_path,
-    wait_for_approvals,
-)
+from durable_codemode import CodeModeAgent, ToolOptions, pending_approvals, start_run, wait_for_approvals
 from durable_codemode.cli import run_cli
+from durable_codemode.client._devserver import temporal_cli_path
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
 from durable_codemode.history._deploy_check import check_deploy, render_deploy_check
 from durable_codemode.testing import FinalOutput, RunCode, last_result, running_worker, scripted_model, user_prompt

@@ -41,7 +41,6 @@ from temporalio.contrib.workflow_streams import PublishEntry, PublishInput
 from durable_codemode import (
     CodeModeAgent,
     EventStreamSettings,
-    RunEventItem,
     SnippetLimits,
     ToolOptions,
     child_run_tool,
@@ -63,6 +62,7 @@ from durable_codemode.events import (
     NestedCallStartEvent,
     PrintEvent,
     RunContinuedEvent,
+    RunEventItem,
     RunStartEvent,
     SnippetEndEvent,
     SnippetStartEvent,

@@ -8,8 +8,9 @@ from typing import Any
 
 from temporalio.client import Client
 
-from durable_codemode import RunInput, RunResult, SnippetLimits, start_run
+from durable_codemode import RunResult, SnippetLimits, start_run
 from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode.shared._types import RunInput
 from durable_codemode.testing import RunCode, fetch_chain_histories, new_task_queue, replay, running_worker
 from durable_codemode.worker._seal import monty_version, seal
 

@@ -4,28 +4,24 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
-from ._converter import DATA_CONVERTER
 from ._process import run_script
 from ._storage import LocalPayloadStore, data_converter
 from .client._connect import connect
 from .client._deciding import decide, decide_all, pending_approvals, rejected_decisions, wait_for_approvals
-from .client._devserver import start_dev_server, temporal_cli_path
+from .client._devserver import start_dev_server
 from .client._failures import RunWorkflowFailedError
 from .client._run_agent import run_agent
 from .client._runs import run_result, start_run, typed_result
 from .client._signer import ApprovalSigner, generate_approver_key
-from .client._stream import RunEventItem, stream_events
+from .client._stream import stream_events
 from .shared._approvals import (
-    ApprovalDecision,
     ApprovalRecord,
     ApproverPolicy,
-    BatchDecision,
     DecidedCalls,
     PendingApproval,
-    RecordedApproverPolicy,
     RejectedDecision,
 )
-from .shared._config import DEFAULT_TOOL_RETRY_POLICY, CatalogSettings, SnippetLimits, ToolOptions
+from .shared._config import CatalogSettings, SnippetLimits, ToolOptions
 from .shared._errors import (
     AgentNotFoundError,
     CodeModeError,
@@ -43,11 +39,10 @@ from .shared._errors import (
     WorkerUnavailableError,
 )
 from .shared._files import RunFiles
-from .shared._names import DEFAULT_TASK_QUEUE
 from .shared._run_events import EventStreamSettings
 from .shared._signing import ApproverKeyring
-from .shared._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
-from .worker._agent import CodeModeAgent, ToolSelector
+from .shared._types import CallRecord, RunResult, SnippetRecord, TurnRecord
+from .worker._agent import CodeModeAgent
 from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call
 from .worker._pool import PoolSettings
@@ -55,17 +50,11 @@ from .worker._worker import CodeModePlugin, create_worker
 from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [
-    "DATA_CONVERTER",
-    "DEFAULT_TASK_QUEUE",
-    "DEFAULT_TOOL_RETRY_POLICY",
     "AgentNotFoundError",
-    "AgentSpec",
-    "ApprovalDecision",
     "ApprovalRecord",
     "ApprovalSigner",
     "ApproverKeyring",
     "ApproverPolicy",
-    "BatchDecision",
     "CallRecord",
     "CatalogSettings",
     "CodeModeAgent",
@@ -82,13 +71,10 @@ __all__ = [
     "OutputChangedError",
     "PendingApproval",
     "PoolSettings",
-    "RecordedApproverPolicy",
     "RejectedDecision",
     "RunClosedError",
-    "RunEventItem",
     "RunFailedError",
     "RunFiles",
-    "RunInput",
     "RunNotFoundError",
     "RunResult",
     "RunWorkflowFailedError",
@@ -96,8 +82,6 @@ __all__ = [
     "SnippetRecord",
     "ToolCallContext",
     "ToolOptions",
-    "ToolSelector",
-    "ToolSpec",
     "TransientToolError",
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
@@ -120,7 +104,6 @@ __all__ = [
     "start_dev_server",
     "start_run",
     "stream_events",
-    "temporal_cli_path",
     "typed_result",
     "wait_for_approvals",
 ]
