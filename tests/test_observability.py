@@ -35,8 +35,8 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode.client._listing import list_runs
-from durable_codemode.client._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode.testing import (
     RunCode,
     fetch_chain_histories,

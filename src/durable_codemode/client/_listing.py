@@ -23,6 +23,7 @@ from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from .._deployments import VERSION_KEY, VERSION_SEARCH_ATTRIBUTE, parse_version, version_label
+from .._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 from ..shared._errors import CodeModeUserError
 from ..shared._names import (
     AGENT_MEMO,
@@ -33,7 +34,6 @@ from ..shared._names import (
     WORKFLOW_TYPE,
 )
 from ..workflow._run import CodeModeRunWorkflow
-from ._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 
 __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
 

@@ -25,6 +25,7 @@ from temporalio.converter import PayloadConverter
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._models import unknown_model
+from .._visibility import lacks_search_attributes, start_options
 from ..shared._errors import (
     CodeModeUserError,
     InvalidRunInputError,
@@ -36,7 +37,6 @@ from ..shared._types import MAX_DEPS_BYTES, RunInput, RunResult
 from ..workflow._run import CodeModeRunWorkflow
 from ._answering import no_answer
 from ._failures import run_failure
-from ._visibility import lacks_search_attributes, start_options
 
 __all__ = [
     "DEFAULT_ANSWER_TIMEOUT",

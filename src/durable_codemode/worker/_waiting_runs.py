@@ -25,7 +25,7 @@ from temporalio.service import RPCError
 from .._deployments import VERSION_SEARCH_ATTRIBUTE, version_label
 from .._history_events import read_run
 from .._history_fetch import fetch_history
-from ..client._visibility import STATUS_KEY, lacks_search_attributes, uses_search_attributes
+from .._visibility import STATUS_KEY, lacks_search_attributes, uses_search_attributes
 from ..shared._names import STATUS_MEMO, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING, WORKFLOW_TYPE
 from ..shared._results import printable
 from ..shared._signing import ApproverKeyring
