@@ -70,8 +70,7 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("temporalio workflow machinery", re.compile(r"temporalio/worker/_workflow|temporalio/workflow\.py")),
     ("temporalio bridge to the core", re.compile(r"temporalio/bridge")),
     ("temporalio activities, client, other", re.compile(r"temporalio/")),
-    ("our workflow code", re.compile(r"durable_codemode/workflow/|durable_codemode/_(carry|outcome|results|"
-                                     r"types|stubs|names|compute_wire|approvals|telemetry)")),
+    ("our workflow code", re.compile(r"durable_codemode/(workflow|shared)/")),
     ("our worker code (activities)", re.compile(r"durable_codemode/")),
     ("pydantic-ai", re.compile(r"pydantic_ai/")),
     ("asyncio", re.compile(r"(^|/)asyncio/")),

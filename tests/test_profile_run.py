@@ -31,8 +31,8 @@ def test_a_workflow_threads_hand_off_to_the_loop_is_its_own_row() -> None:
 def test_a_helper_thread_waiting_for_work_is_idle_and_waiting_on_monty_is_warm_up() -> None:
     waiting = _line("sessions.get()")
     ending = _line("session.__exit__(None, None, None)")
-    assert part_of(f"SandboxPool._end_given_back (durable_codemode/_pool.py:{waiting})", GIVE_BACK) == IDLE
-    assert part_of(f"_close_quietly (durable_codemode/_pool.py:{ending})", GIVE_BACK) == WARM_UP
+    assert part_of(f"SandboxPool._end_given_back (durable_codemode/worker/_pool.py:{waiting})", GIVE_BACK) == IDLE
+    assert part_of(f"_close_quietly (durable_codemode/worker/_pool.py:{ending})", GIVE_BACK) == WARM_UP
 
 
 def test_samples_are_counted_by_thread_kind_and_part(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ temporal operator search-attribute create --namespace default --name CodemodeSta
 A server without them refuses a start that sets them (INVALID_ARGUMENT "no mapping defined for search attribute")
 and a list query that names them. Then runs are started with the agent and status in their memo instead, which
 visibility cannot filter on, so `codemode runs` filters what it reads; a warning says so, once per server and
-namespace. Whichever a run was started with is what its workflow updates (`workflow/_progress`), so the choice is part of
-the run's recorded input and never changes how it replays.
+namespace. Whichever a run was started with is what its workflow updates (`workflow/_progress`), so the choice is
+part of the run's recorded input and never changes how it replays.
 """
 
 from __future__ import annotations
