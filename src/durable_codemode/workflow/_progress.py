@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..shared._approvals import ApprovalRecord, PendingApproval
     from ..shared._types import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["RunProgress"]
 

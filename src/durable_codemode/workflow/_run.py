@@ -105,8 +105,9 @@ with workflow.unsafe.imports_passed_through():
     from ._fingerprints import recorded_output
     from ._observers import ApprovalState
     from ._progress import RunProgress
-    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
+    from ._sandbox import Repl
     from ._sandbox_sessions import sandbox_sessions
+    from ._sandbox_types import CallSite, Settled, SnippetOutcome
     from ._system_prompts import opening_parts, revalued
 
 __all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]

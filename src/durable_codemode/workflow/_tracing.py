@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
     from ..shared._types import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["TRACER_NAME", "SpanEnded", "TracedRun", "current_span"]
 
