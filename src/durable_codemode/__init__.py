@@ -44,9 +44,10 @@ from .shared._errors import (
 )
 from .shared._files import RunFiles
 from .shared._names import DEFAULT_TASK_QUEUE
+from .shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord
 from .shared._run_events import EventStreamSettings
 from .shared._signing import ApproverKeyring
-from .shared._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
+from .shared._types import AgentSpec, RunInput, ToolSpec
 from .worker._agent import CodeModeAgent, ToolSelector
 from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call

@@ -33,7 +33,7 @@ from pydantic_core import to_json
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from ..shared._types import BatchedCall, BatchInput, BatchOutcome, BatchResult
+from ..shared._activity_io import BatchedCall, BatchInput, BatchOutcome, BatchResult
 from ._agent import CallDeps, CodeModeAgent
 from ._context import ToolCallContext, bind_call
 from ._failures import message_of, tool_failure

@@ -35,7 +35,8 @@ from pydantic_monty import CollectStreams, FunctionSnapshot, FutureSnapshot, Mon
 from temporalio import workflow
 
 from ..shared._config import monty_limits
-from ..shared._types import FILE_LISTING_LIMIT, AgentSpec
+from ..shared._records import FILE_LISTING_LIMIT
+from ..shared._types import AgentSpec
 from ._catalog import CatalogIndex
 from ._files import RunFilesystem
 from ._sandbox_sessions import SandboxSessions

@@ -11,8 +11,8 @@ from typing import Any, Literal, Protocol
 
 from temporalio import workflow
 
+from ..shared._records import CallRecord
 from ..shared._results import preview
-from ..shared._types import CallRecord
 
 __all__ = [
     "AwaitingPerson",

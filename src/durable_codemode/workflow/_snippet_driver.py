@@ -28,6 +28,7 @@ from pydantic_monty import (
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
+from ..shared._activity_io import ComputeRequest, ComputeResult
 from ..shared._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
 from ..shared._config import is_time_limit
 from ..shared._files import FILES_ROOT
@@ -38,8 +39,8 @@ from ..shared._names import (
     nested_call_id,
     type_check_rejection_marker,
 )
+from ..shared._records import CallRecord
 from ..shared._results import bounded_result, clip, jsonable, printable
-from ..shared._types import CallRecord, ComputeRequest, ComputeResult
 from ._catalog import CATALOG_FUNCTIONS
 from ._guards import MAX_ANSWERS_WITHOUT_WAIT, call_refusal, output_overflow_message, stopped_message
 from ._os_calls import os_call_answer

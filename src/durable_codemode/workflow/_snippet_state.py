@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from temporalio.common import RetryPolicy
 
+from ..shared._records import CallRecord
 from ..shared._results import preview
-from ..shared._types import CallRecord
 from ._sandbox_types import SnippetOutcome
 
 __all__ = [

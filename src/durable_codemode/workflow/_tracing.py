@@ -62,7 +62,7 @@ from ._observers import RunTelemetry
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
-    from ..shared._types import CallRecord, RunResult
+    from ..shared._records import CallRecord, RunResult
     from ._approval_state import Approvals
     from ._sandbox_types import Settled, SnippetOutcome
 
