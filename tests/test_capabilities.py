@@ -39,7 +39,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, RunFailedError, RunResult, run_result, start_run
 from durable_codemode.debugging import trace_run
-from durable_codemode.shared._types import ModelRequestInput
+from durable_codemode.shared._activity_io import ModelRequestInput
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,

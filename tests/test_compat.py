@@ -65,7 +65,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
 
     from durable_codemode import CallRecord
     from durable_codemode._converter import DATA_CONVERTER
-    from durable_codemode.shared._types import ToolCallInput
+    from durable_codemode.shared._activity_io import ToolCallInput
 
     converter = DATA_CONVERTER.payload_converter
     compact = converter.to_payload(ToolCallInput(args={"i": 3}))

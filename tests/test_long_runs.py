@@ -121,7 +121,7 @@ def test_long_run_summaries_drop_the_oldest_call_records_to_fit() -> None:
     from datetime import UTC, datetime
 
     from durable_codemode import CallRecord, SnippetRecord, TurnRecord
-    from durable_codemode.shared._types import bound_turns
+    from durable_codemode.shared._records import bound_turns
 
     now = datetime.now(UTC)
 

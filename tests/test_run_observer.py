@@ -15,7 +15,7 @@ from typing import Any
 
 from durable_codemode.workflow import _run
 from durable_codemode.workflow._observers import RunTelemetry, _Observers
-from durable_codemode.workflow._sandbox import SnippetOutcome
+from durable_codemode.workflow._sandbox_types import SnippetOutcome
 
 ROOT = Path(__file__).resolve().parent.parent / "src" / "durable_codemode"
 READERS = sorted((ROOT / "history").glob("*.py")) + sorted((ROOT / "client").glob("*.py"))

@@ -39,9 +39,9 @@ from .shared._errors import (
     WorkerUnavailableError,
 )
 from .shared._files import RunFiles
+from .shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord
 from .shared._run_events import EventStreamSettings
 from .shared._signing import ApproverKeyring
-from .shared._types import CallRecord, RunResult, SnippetRecord, TurnRecord
 from .worker._agent import CodeModeAgent
 from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call

@@ -24,6 +24,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
 from ._converter import DATA_CONVERTER
+from .shared._activity_io import ModelRequestInput
 from .shared._approvals import (
     APPROVE_SIGNAL,
     DECIDE_ALL_UPDATE,
@@ -40,8 +41,9 @@ from .shared._names import (
     tool_activity_type,
     tool_of_activity_type,
 )
+from .shared._records import RunResult
 from .shared._tool_usage import split_usage
-from .shared._types import AgentSpec, ModelRequestInput, RunInput, RunResult
+from .shared._types import AgentSpec, RunInput
 
 __all__ = [
     "EventRead",

@@ -43,11 +43,9 @@ from .history._deploy_check import (
     check_history,
     render_deploy_check,
 )
+from .history._divergence import CallSide, Cause, Divergence
 from .history._read import parse_histories, trace_histories, trace_run
 from .history._replay import (
-    CallSide,
-    Cause,
-    Divergence,
     ReplayReport,
     RunReplay,
     import_agents,

@@ -24,8 +24,8 @@ from ..client._watch import WatchOutcome, watch_run
 from ..client._watch_stream import watch_stream
 from ..history._trace import render_tree
 from ..shared._errors import CodeModeUserError
+from ..shared._records import NAMED_RECORDS, RunResult
 from ..shared._results import answer_text, printable
-from ..shared._types import NAMED_RECORDS, RunResult
 from ._output import err, say, say_json, server_address, tree_width
 from ._serving import no_worker_polls
 

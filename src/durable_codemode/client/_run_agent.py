@@ -19,7 +19,7 @@ from ..shared._errors import (
     InvalidRunInputError,
 )
 from ..shared._names import DEFAULT_TASK_QUEUE
-from ..shared._types import RunResult
+from ..shared._records import RunResult
 from ._runs import ServedAgent, run_result, start_run
 from ._stream import feed_event_stream_handler, stream_events
 

@@ -33,7 +33,8 @@ from ..shared._errors import (
     RunNotFoundError,
 )
 from ..shared._names import DEFAULT_TASK_QUEUE
-from ..shared._types import MAX_DEPS_BYTES, RunInput, RunResult
+from ..shared._records import RunResult
+from ..shared._types import MAX_DEPS_BYTES, RunInput
 from ..workflow._run import CodeModeRunWorkflow
 from ._answering import no_answer
 from ._failures import run_failure

@@ -39,8 +39,8 @@ from ..shared._names import (
     MODEL_REQUEST_ACTIVITY,
     RUN_CODE_TOOL,
 )
+from ..shared._records import RunResult
 from ..shared._results import call_arguments, code_lines, preview, printable
-from ..shared._types import RunResult
 from ..workflow._run import CodeModeRunWorkflow
 from ._deciding import children_waiting
 

@@ -48,7 +48,7 @@ from .._converter import DATA_CONVERTER
 from ..shared._approvals import ApprovalRecord, PendingApproval
 from ..workflow._observers import ApprovalState, RunTelemetry, observe_run
 from ..workflow._run import CodeModeRunWorkflow
-from ..workflow._sandbox import SnippetOutcome
+from ..workflow._sandbox_types import SnippetOutcome
 
 __all__ = [
     "ReplayCapture",

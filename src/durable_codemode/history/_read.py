@@ -25,6 +25,7 @@ from temporalio.service import RPCError
 from .._history_events import RecordedActivity, RecordedRun, failure_text, read_run
 from .._history_fetch import fetch_chain
 from .._storage import env_stores, resolve_history
+from ..shared._activity_io import ModelRequestInput
 from ..shared._approvals import (
     APPROVE_SIGNAL,
     ApprovalRecord,
@@ -42,8 +43,9 @@ from ..shared._names import (
     RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
 )
+from ..shared._records import TurnRecord
 from ..shared._results import preview
-from ..shared._types import Continuation, ModelRequestInput, TurnRecord
+from ..shared._types import Continuation
 from ..workflow._approval_state import RULE_UNKNOWN
 from ._capture import ReplayCapture, failure_message, replay_history
 from ._trace import (

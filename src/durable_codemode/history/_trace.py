@@ -30,8 +30,8 @@ from pydantic import TypeAdapter
 from .._history_events import RunStatus, TraceRun
 from ..shared._approvals import ApprovalRecord, decided_by
 from ..shared._config import SnippetLimits
+from ..shared._records import CallRecord, RunResult, TurnRecord
 from ..shared._results import PREVIEW_CHARS, answer_text, call_arguments, code_lines, printable
-from ..shared._types import CallRecord, RunResult, TurnRecord
 
 __all__ = [
     "CallStatus",

@@ -27,6 +27,22 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
+from ..shared._activity_io import (
+    AfterRunInput,
+    BatchInput,
+    BatchResult,
+    ChildDeps,
+    ChildDepsInput,
+    ComputeRequest,
+    ComputeResult,
+    ModelRequestInput,
+    ModelStep,
+    OutputInput,
+    OutputVerdict,
+    RunErrorInput,
+    RunRecovery,
+    ToolCallInput,
+)
 from ..shared._carry import SealRequest, SealResult
 from ..shared._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
 from ..shared._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
@@ -44,23 +60,7 @@ from ..shared._names import (
     call_id_of_activity,
 )
 from ..shared._tool_usage import with_usage
-from ..shared._types import (
-    AfterRunInput,
-    AgentSpec,
-    BatchInput,
-    BatchResult,
-    ChildDeps,
-    ChildDepsInput,
-    ComputeRequest,
-    ComputeResult,
-    ModelRequestInput,
-    ModelStep,
-    OutputInput,
-    OutputVerdict,
-    RunErrorInput,
-    RunRecovery,
-    ToolCallInput,
-)
+from ..shared._types import AgentSpec
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority
 from ._batch import run_batch

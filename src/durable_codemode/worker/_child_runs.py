@@ -22,9 +22,9 @@ from pydantic_ai import Agent, RunContext, Tool
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_core import to_json, to_jsonable_python
 
+from ..shared._activity_io import ChildDeps
 from ..shared._errors import CodeModeUserError
 from ..shared._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA
-from ..shared._types import ChildDeps
 from ._agent import CodeModeAgent
 
 __all__ = ["ChildDepsFunction", "add_child_run_tool", "child_deps", "child_run_tool"]

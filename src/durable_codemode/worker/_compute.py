@@ -37,10 +37,10 @@ from pydantic_monty import (
     NameLookupSnapshot,
 )
 
+from ..shared._activity_io import ComputeRequest, ComputeResult
 from ..shared._compute_wire import NAME_LOOKUP, decode_answer, decode_dump, encode_dump, encoded_size
 from ..shared._config import is_time_limit, monty_limits
 from ..shared._results import jsonable
-from ..shared._types import ComputeRequest, ComputeResult
 from . import _pool
 
 __all__ = ["compute_stretch"]

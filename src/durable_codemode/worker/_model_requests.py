@@ -21,8 +21,9 @@ from temporalio import activity
 
 from .._models import build_model
 from .._pydantic_ai import agent_settings
+from ..shared._activity_io import ModelStep, ModelStreamTarget
 from ..shared._errors import CodeModeUserError
-from ..shared._types import ModelStep, ModelStreamTarget, OutputSpec
+from ..shared._types import OutputSpec
 from ._capabilities import extra_capabilities, instrumentation_of
 from ._model_step import model_step
 from ._model_stream import ModelStreamPublisher

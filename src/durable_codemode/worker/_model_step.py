@@ -57,7 +57,8 @@ from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
 from .._pydantic_ai import override_root_capability, start_step, step_run_context
-from ..shared._types import ModelStep, OutputSpec
+from ..shared._activity_io import ModelStep
+from ..shared._types import OutputSpec
 from ..workflow._fingerprints import OutputShape, recorded_output
 from ._capabilities import RunHooksMasked
 

@@ -35,8 +35,8 @@ from temporalio import activity
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
+from ..shared._activity_io import ModelStreamTarget
 from ..shared._run_events import ModelStreamResetEvent, model_topic
-from ..shared._types import ModelStreamTarget
 
 __all__ = ["ModelStreamPublisher", "coalesced"]
 

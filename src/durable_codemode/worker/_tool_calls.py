@@ -11,7 +11,8 @@ from ._capabilities import call_through_hooks, instrumentation_of, instrumented_
 from ._mcp import mcp_toolsets, reconnect_lost, schema_digest
 
 if TYPE_CHECKING:
-    from ._agent import CallDeps, CodeModeAgent
+    from ._agent import CodeModeAgent
+    from ._deps import CallDeps
 
 __all__ = ["call_tool"]
 

@@ -44,9 +44,11 @@ from ._waiting_runs import start_check
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
 
+    from ..shared._activity_io import ModelRequestInput, ToolCallInput
     from ..shared._approvals import ApprovalDecision, BatchDecision
     from ..shared._carry import SealRequest, SealResult
-    from ..shared._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
+    from ..shared._records import RunResult
+    from ..shared._types import AgentSpec, RunInput
 
 __all__ = [
     "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT",

@@ -22,6 +22,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
+from ..shared._activity_io import ChildDeps, ChildDepsInput
 from ..shared._approvals import ChildApprovals, ChildRun, PendingApproval
 from ..shared._names import (
     AGENT_MEMO,
@@ -35,7 +36,8 @@ from ..shared._names import (
     child_deps_activity_id,
     child_run_id,
 )
-from ..shared._types import ChildDeps, ChildDepsInput, RunInput, RunResult, ToolSpec
+from ..shared._records import RunResult
+from ..shared._types import RunInput, ToolSpec
 
 __all__ = ["ChildRunNotices", "ChildRuns"]
 

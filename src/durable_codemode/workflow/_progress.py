@@ -47,9 +47,9 @@ if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 
     from ..shared._approvals import ApprovalRecord, PendingApproval
-    from ..shared._types import CallRecord, RunResult
+    from ..shared._records import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["RunProgress"]
 

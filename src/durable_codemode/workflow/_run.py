@@ -37,6 +37,17 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic_ai.usage import RunUsage, UsageLimits
 
+    from ..shared._activity_io import (
+        AfterRunInput,
+        ModelRequestInput,
+        ModelStep,
+        ModelStreamTarget,
+        OutputInput,
+        OutputVerdict,
+        RunErrorInput,
+        RunRecovery,
+        ToolCallInput,
+    )
     from ..shared._approvals import (
         APPROVE_SIGNAL,
         DECIDE_ALL_UPDATE,
@@ -70,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         approval_verdict_marker,
         tool_activity_id,
     )
+    from ..shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord, bound_turns
     from ..shared._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
     from ..shared._run_events import EventStreamSettings
     from ..shared._signing import ApproverKeyring
@@ -77,25 +89,11 @@ with workflow.unsafe.imports_passed_through():
     from ..shared._types import (
         RECORDED_END_STATUS,
         RECORDED_RULE_VERDICTS,
-        AfterRunInput,
         AgentSpec,
-        CallRecord,
         Continuation,
-        ModelRequestInput,
-        ModelStep,
-        ModelStreamTarget,
-        OutputInput,
-        OutputVerdict,
-        RunErrorInput,
         RunInput,
-        RunRecovery,
-        RunResult,
-        SnippetRecord,
-        ToolCallInput,
         ToolSpec,
-        TurnRecord,
         behavior_version_refusal,
-        bound_turns,
     )
     from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for, rule_verdict
     from ._batch import ToolBatcher
@@ -105,8 +103,9 @@ with workflow.unsafe.imports_passed_through():
     from ._fingerprints import recorded_output
     from ._observers import ApprovalState
     from ._progress import RunProgress
-    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
+    from ._sandbox import Repl
     from ._sandbox_sessions import sandbox_sessions
+    from ._sandbox_types import CallSite, Settled, SnippetOutcome
     from ._system_prompts import opening_parts, revalued
 
 __all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]

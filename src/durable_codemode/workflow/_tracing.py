@@ -62,9 +62,9 @@ from ._observers import RunTelemetry
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
-    from ..shared._types import CallRecord, RunResult
+    from ..shared._records import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["TRACER_NAME", "SpanEnded", "TracedRun", "current_span"]
 
