@@ -27,11 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ModelRequest,
         ModelRequestPart,
         ModelResponse,
-        RetryFeedbackPart,
-        RetryInfo,
-        TextPart,
         ToolCallPart,
-        ToolRetryCause,
         ToolReturnPart,
         UserPromptPart,
     )
@@ -62,7 +58,6 @@ with workflow.unsafe.imports_passed_through():
         MODEL_REQUEST_ACTIVITY,
         OUTPUT_ACTIVITY,
         OUTPUT_CHECK_SUMMARY,
-        RUN_CODE_TOOL,
         RUN_ERROR_ACTIVITY,
         SEAL_REPL_ACTIVITY,
         STREAM_INFO_QUERY,
@@ -103,6 +98,16 @@ with workflow.unsafe.imports_passed_through():
     from ._event_stream import RunEventStream, StreamInfo
     from ._files import RunFilesystem
     from ._fingerprints import recorded_output
+    from ._loop import (
+        RunLoop,
+        check_counted,
+        copied,
+        count_response,
+        model_requests_exhausted,
+        run_code_args,
+        unknown_tool,
+        with_note,
+    )
     from ._observers import ApprovalState
     from ._progress import RunProgress
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
@@ -121,10 +126,6 @@ _DESCRIBE_TIMEOUT = timedelta(seconds=30)
 _SEAL_TIMEOUT = timedelta(seconds=10)
 _OUTPUT_TIMEOUT = timedelta(minutes=5)
 """Output validators may do I/O (a lookup, another model): as long as a model request may take."""
-
-_NOT_RUN = "Tool not executed - a final result was already processed."
-"""What a function call of a run's final response returns when the output ended the run first (pydantic-ai's
-words for it), so the conversation's last response has an answer for each of its calls."""
 
 #: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
 _SANDBOX_EXCEPTIONS = frozenset({
@@ -159,24 +160,6 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         if isinstance(cause, ApplicationError):
             raise ApplicationError(cause.message, type=cause.type, non_retryable=True) from e
         raise
-
-
-def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
-    """Whether a run may start another tool call, now that its tools' sub-agent runs are counted in its usage.
-
-    Only a tool's own model use (`_tool_usage`) can take a run past its request or token limits between two
-    model requests (each request checks them before and after), so an ordinary run never fails here; one whose
-    programs delegate in a loop stops at the first call past a limit instead of at its next model request.
-    """
-    limits.check_tokens(usage)
-    if limits.request_limit is not None and usage.requests > limits.request_limit:
-        raise UsageLimitExceeded(f"Exceeded the request_limit of {limits.request_limit} (requests={usage.requests}), "
-                                 "counting the requests of the run's tools' own agent runs")
-
-
-def _copied(usage: RunUsage | None) -> RunUsage:
-    """A run's starting usage (`RunInput.usage`), as a copy the run may count into: the input itself is carried on."""
-    return RunUsage() if usage is None else replace(usage, details=dict(usage.details))
 
 
 def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
@@ -214,8 +197,8 @@ class CodeModeRunWorkflow:
         self._deps: Any = None
         self._usage = RunUsage()
         self._usage_limits: UsageLimits | None = None
-        self._output_retries = 0
-        self._tool_retries: dict[str, int] = {}
+        self._run_loop = RunLoop(None, None, workflow.now)
+        """What the model's responses mean, and the retry budgets (`_loop`): made again when the run knows its spec."""
         self._approvals = Approvals()
         self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_observers)
         self._files: RunFilesystem | None = None
@@ -384,7 +367,7 @@ class CodeModeRunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=printable(f"describe agent {clip(input.agent, 200)}"),
             )
-            cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
+            cont = Continuation(spec=spec, usage=copied(input.usage), turns=[],
                                 runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
         if (refusal := behavior_version_refusal(spec, workflow.info().workflow_id)) is not None:
@@ -398,8 +381,8 @@ class CodeModeRunWorkflow:
         self._started_by = input.started_by
         self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
-        self._output_retries = cont.output_retries
-        self._tool_retries = dict(cont.tool_retries)
+        self._run_loop = RunLoop(spec.output, spec.instructions, workflow.now, output_retries=cont.output_retries,
+                                 tool_retries=dict(cont.tool_retries))
         self._approvals = Approvals(cont.approvals, DecisionRules(
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
             starter=input.started_by))
@@ -428,7 +411,7 @@ class CodeModeRunWorkflow:
         if cont.repl is not None:
             refused = await self._restore_repl(cont.repl, repl)
             if refused is not None:
-                messages = self._with_note(messages, carry_refused_note(refused))
+                messages = with_note(messages, carry_refused_note(refused), workflow.now())
         try:
             return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
                                             run_index=cont.runs,
@@ -445,18 +428,6 @@ class CodeModeRunWorkflow:
         if input.stream is True:
             return spec.stream or EventStreamSettings()
         return spec.stream
-
-    @staticmethod
-    def _count(usage: RunUsage, response: ModelResponse) -> None:
-        """Add one model request, and its usage, to the run's, with the failed attempts it records (they were billed).
-
-        As `agent.run()` counts them: a `ModelFallback` or `FallbackModel` moved on from them.
-        """
-        usage.incr(response.usage)
-        usage.requests += 1
-        for attempt in response.failed_attempts or ():
-            if attempt.usage is not None:
-                usage.incr(attempt.usage)
 
     async def _body(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
@@ -487,19 +458,18 @@ class CodeModeRunWorkflow:
     async def _loop(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
     ) -> Any:
-        """Model requests and their tool calls until the output is decided: the decided output (JSON)."""
-        spec = cont.spec
+        """Model requests and their tool calls until the output is decided: the decided output (JSON).
+
+        What each response means is `RunLoop`'s to say (`_loop`); this drives it with activities and the REPL.
+        """
+        spec, loop = cont.spec, self._run_loop
         limits = spec.limits
         usage, turns = cont.usage, cont.turns
         snippets_this_run = 0
         while True:
             self._check_usage(lambda u: u.check_before_request(usage))
-            if usage.requests >= limits.max_model_requests:
-                raise ApplicationError(
-                    f"the run made {usage.requests} model requests, its limit (SnippetLimits."
-                    "max_model_requests); the model may be looping. Raise the limit if the task needs more.",
-                    type="ModelRequestLimitExceeded", non_retryable=True,
-                )
+            if (exhausted := model_requests_exhausted(usage, limits.max_model_requests)) is not None:
+                raise ApplicationError(exhausted, type="ModelRequestLimitExceeded", non_retryable=True)
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
@@ -512,7 +482,7 @@ class CodeModeRunWorkflow:
                                   deps=input.deps, model_settings=input.model_settings, output=spec.output,
                                   hooks=hooked, usage=usage if hooked else None,
                                   run_step=usage.requests + 1 if hooked else 0,
-                                  output_retries=self._output_retries if hooked else 0,
+                                  output_retries=loop.output_retries if hooked else 0,
                                   native_tools=spec.native_tools, stream=self._model_stream(index)),
                 result_type=ModelStep if hooked else ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
@@ -526,54 +496,42 @@ class CodeModeRunWorkflow:
                     messages[:] = answer.messages
                 if answer.response is None or answer.retry is not None:
                     if answer.response is not None:
-                        self._count(usage, answer.response)
+                        count_response(usage, answer.response)
                         messages.append(answer.response)
                     assert answer.retry is not None, "a model step without a response asks for a retry"
-                    self._output_retries += 1
-                    messages.append(self._request(list(answer.retry.parts)))
+                    messages.append(loop.hook_retry(answer.retry))
                     continue
                 response = answer.response
             else:
                 response = answer
-            self._count(usage, response)
+            count_response(usage, response)
             self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
-            text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            turn = TurnRecord(index=index, text=text)
+            reading = loop.read(response)
+            turn = TurnRecord(index=index, text=reading.text)
             turns.append(turn)
-            calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
-            out = spec.output
-            if out is None and not calls:
-                if text:
-                    return text
-                messages.append(self._request([RetryFeedbackPart(
-                    "Your response had neither text nor a tool call; answer in text or call a tool.",
-                    retry=RetryInfo("no_output"))]))
+            if reading.answer is not None:
+                return reading.answer
+            if reading.empty:
+                messages.append(loop.no_output())
                 continue
-            # With an output spec, pydantic-ai's own output processing (the output activity) decides what ends the
-            # run; the response's function tool calls (run_code, native tools) run here as before.
-            functions = calls if out is None else [c for c in calls if c.tool_name not in out.tool_names]
-            output_calls = [c for c in calls if c not in functions]
+            calls, functions, output_calls = reading.calls, reading.functions, reading.output_calls
             retry_parts: list[ModelRequestPart] = []
-            if out is not None and (not functions or (out.end_strategy == "early" and (
-                    output_calls or (out.structured_text and text)))):
-                # Text beside function calls is an answer only if it is a valid one (`early`, as in pydantic-ai).
-                maybe_text = bool(functions) and not output_calls
+            if reading.check_first:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
-                                                   counts=not maybe_text)
+                                                   counts=not reading.maybe_text)
                 if verdict.retry is None:
                     return self._closed(messages, calls, verdict, [])
                 if not functions:
-                    messages.append(self._request(list(verdict.retry.parts)))
+                    messages.append(loop.request(list(verdict.retry.parts)))
                     continue
-                retry_parts = [] if maybe_text else list(verdict.retry.parts)
-                output_calls = []
+                retry_parts = [] if reading.maybe_text else list(verdict.retry.parts)
             parts: list[ModelRequestPart] = []
             self._progress.tool_calls(functions)
-            direct = [c for c in functions if c.tool_name != RUN_CODE_TOOL]
+            direct = [c for c in functions if not loop.is_run_code(c)]
             direct_results = [asyncio.ensure_future(self._direct_call(c)) for c in direct]
             for call in functions:
-                if call.tool_name != RUN_CODE_TOOL:
+                if not loop.is_run_code(call):
                     continue
                 snippets_this_run += 1
                 part, outcome = await self._run_code(call, repl, turn)
@@ -582,24 +540,21 @@ class CodeModeRunWorkflow:
                 parts.append(part)
                 if outcome is not None and outcome.ends_run:
                     # Every tool call of the response needs an answer, or the next request is malformed.
-                    answered = {getattr(p, "tool_call_id", None) for p in parts}
-                    for other in calls:
-                        if other.tool_call_id not in answered:
-                            parts.append(self._return(other, {"error": "not run: the run was restarted first"}))
+                    restarted = loop.restarted(calls, parts)
                     for future in direct_results:
                         future.cancel()
-                    messages.append(self._request(self._in_call_order(calls, parts)))
+                    messages.append(restarted)
                     self._continue_as_new(input, cont, messages, note=outcome.kind)
             for part, record in await asyncio.gather(*direct_results):
                 parts.append(part)
                 turn.direct_calls.append(record)
             if output_calls:  # end_strategy graceful / exhaustive: the function tools ran first
-                verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
-                                                             output_calls, index)
+                verdict = (loop.suppressed_output(parts, output_calls)
+                           or await self._check_output(input, messages[:-1], response, functions, index))
                 if verdict.retry is None:
                     return self._closed(messages, calls, verdict, parts)
                 retry_parts = list(verdict.retry.parts)
-            messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
+            messages.append(loop.request(loop.in_call_order(calls, parts + retry_parts)))
 
     def _model_stream(self, turn: int) -> ModelStreamTarget | None:
         settings = self._events.settings
@@ -629,11 +584,8 @@ class CodeModeRunWorkflow:
         continued (`RunResult.all_messages()`). Verdicts recorded before `closing` existed add nothing.
         """
         self._output_tool_name = verdict.output_tool
-        if verdict.closing is not None:
-            parts = [*answered, *verdict.closing.parts]
-            done = {getattr(p, "tool_call_id", None) for p in parts}
-            parts += [self._return(c, _NOT_RUN) for c in calls if c.tool_call_id not in done]
-            messages.append(replace(verdict.closing, parts=self._in_call_order(calls, parts)))
+        if (closing := self._run_loop.closing(calls, verdict, answered)) is not None:
+            messages.append(closing)
         return verdict.output
 
     def _result(self, output: Any, cont: Continuation, messages: list[ModelMessage]) -> RunResult[Any]:
@@ -642,20 +594,6 @@ class CodeModeRunWorkflow:
                          approvals=self._approvals.audit, messages=list(messages),
                          new_message_index=min(cont.new_message_index, len(messages)),
                          output_tool_name=self._output_tool_name, run_id=workflow.info().workflow_id)
-
-    async def _output_after_functions(
-        self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
-        parts: list[ModelRequestPart], output_calls: list[ToolCallPart], index: int,
-    ) -> OutputVerdict:
-        """Check the output calls of a response whose function calls ran (end_strategy `graceful`/`exhaustive`).
-
-        As in pydantic-ai, a function call that asked for a retry suppresses the output: the model hears why.
-        """
-        if any(isinstance(p, ToolReturnPart) and p.outcome == "retried" for p in parts):
-            return OutputVerdict(retry=ModelRequest(parts=[
-                self._retry(c, "Output tool not used: a function tool call of the same response asked for a retry "
-                               "first.", "model_retry") for c in output_calls]))
-        return await self._check_output(input, before, response, functions, index)
 
     async def _check_output(
         self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
@@ -668,52 +606,26 @@ class CodeModeRunWorkflow:
         """
         assert self._spec is not None
         shape = recorded_output(self._spec.output)
-        run_here = {id(c) for c in functions}
-        candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
+        candidate = self._run_loop.output_candidate(response, functions)
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
             OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
-                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings,
+                        retries=self._run_loop.output_retries, deps=input.deps, model_settings=input.model_settings,
                         output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
             summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
         )
-        if verdict.retry is not None and counts:
-            self._output_retries += 1
+        self._run_loop.output_checked(verdict, counts=counts)
         return verdict
-
-    @staticmethod
-    def _in_call_order(calls: list[ToolCallPart], parts: list[ModelRequestPart]) -> list[ModelRequestPart]:
-        order = {c.tool_call_id: i for i, c in enumerate(calls)}
-        return sorted(parts, key=lambda p: order.get(getattr(p, "tool_call_id", ""), len(order)))
-
-    def _request(self, parts: list[ModelRequestPart]) -> ModelRequest:
-        assert self._spec is not None
-        return ModelRequest(parts=parts, instructions=self._spec.instructions, timestamp=workflow.now())
-
-    @staticmethod
-    def _return(call: ToolCallPart, content: Any) -> ToolReturnPart:
-        return ToolReturnPart(tool_name=call.tool_name, content=content, tool_call_id=call.tool_call_id,
-                              timestamp=workflow.now())
-
-    @staticmethod
-    def _retry(call: ToolCallPart, message: str, cause: ToolRetryCause) -> ToolReturnPart:
-        """Answer `call` with a request to try again (pydantic-ai's retried tool return)."""
-        return ToolReturnPart(tool_name=call.tool_name, content=message, tool_call_id=call.tool_call_id,
-                              timestamp=workflow.now(), outcome="retried", retry=RetryInfo(cause))
 
     async def _run_code(
         self, call: ToolCallPart, repl: Repl, turn: TurnRecord
     ) -> tuple[ModelRequestPart, SnippetOutcome | None]:
-        try:
-            args = call.args_as_dict()
-        except ValueError:
-            args = {}
-        code, restart = args.get("code"), args.get("restart", False)
-        if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
-            message = f"run_code takes {{'code': str, 'restart': bool (optional)}}; got {preview(call.args)}"
+        args, refused = run_code_args(call)
+        if refused is not None:
             self._progress.run_code_refused(call_id=call.tool_call_id, args=args)
-            return self._retry(call, message, "validation_error"), None
+            return self._run_loop.retried(call, refused, "validation_error"), None
+        code, restart = args["code"], args.get("restart", False)
         outcome = await self._progress.snippet(repl.run(code, run_code_id=call.tool_call_id, restart=restart),
                                                call_id=call.tool_call_id, code=code)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
@@ -721,8 +633,8 @@ class CodeModeRunWorkflow:
                                            computed_seconds=outcome.computed_seconds, files=outcome.files,
                                            files_omitted=outcome.files_omitted))
         if outcome.kind == "rejected":
-            return self._retry(call, outcome.content, "validation_error"), outcome
-        return self._return(call, outcome.content), outcome
+            return self._run_loop.retried(call, outcome.content, "validation_error"), outcome
+        return self._run_loop.returned(call, outcome.content), outcome
 
     async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
         part, record = await self._direct_call_answer(call)
@@ -734,37 +646,30 @@ class CodeModeRunWorkflow:
         tool = self._spec.tool(call.tool_name)
         now = workflow.now()
         if tool is None or tool.in_sandbox:
-            known = sorted(t.name for t in self._spec.model_tools)
-            message = f"Unknown tool {call.tool_name!r}; the tools are: {', '.join(known)}."
+            message = unknown_tool(call, self._spec.model_tools)
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=message, started_at=now, finished_at=now)
-            return self._retry(call, message, "unknown_tool"), record
+            return self._run_loop.retried(call, message, "unknown_tool"), record
         try:
             args = call.args_as_dict()
         except ValueError as e:
             record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
                                 status="error", result=str(e), started_at=now, finished_at=now)
             self._count_tool_retry(tool)
-            return self._retry(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
+            return self._run_loop.retried(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
         settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id, CallSite(code="", line=0))
         if "return_value" in settled:
-            self._tool_retries.pop(tool.name, None)
-            return self._return(call, settled["return_value"]), record
+            self._run_loop.tool_succeeded(tool.name)
+            return self._run_loop.returned(call, settled["return_value"]), record
         if record.status != "denied":  # a person's decision, not a mistake of the model's
             self._count_tool_retry(tool)
-        return self._retry(call, f"{settled['exc_type']}: {settled.get('message', '')}", "model_retry"), record
+        failed = f"{settled['exc_type']}: {settled.get('message', '')}"
+        return self._run_loop.retried(call, failed, "model_retry"), record
 
     def _count_tool_retry(self, tool: ToolSpec) -> None:
         """Count one retry of a direct call of `tool`; past its budget the run fails, as pydantic-ai's does."""
-        if tool.max_retries is None:  # recorded before the budget was: unbounded, as it ran
-            return
-        used = self._tool_retries.get(tool.name, 0)
-        if used >= tool.max_retries:
-            raise ApplicationError(
-                f"Tool {tool.name!r} exceeded max retries count of {tool.max_retries}: the model was asked to retry "
-                f"it {used} times in a row. Raise Agent(retries=...) or the tool's max_retries if it needs more.",
-                type="UnexpectedModelBehavior", non_retryable=True)
-        self._tool_retries[tool.name] = used + 1
+        if (failure := self._run_loop.tool_retried(tool.name, tool.max_retries)) is not None:
+            raise ApplicationError(failure, type="UnexpectedModelBehavior", non_retryable=True)
 
     def _start_tool(
         self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
@@ -777,7 +682,7 @@ class CodeModeRunWorkflow:
         if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
             projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
             self._check_usage(lambda u: u.check_before_tool_call(projected))
-            self._check_usage(lambda u: _check_counted(u, self._usage))
+            self._check_usage(lambda u: check_counted(u, self._usage))
         self._usage.tool_calls += 1
         wait = None
         pending = None
@@ -937,16 +842,7 @@ class CodeModeRunWorkflow:
                 self._continue_as_new(input, cont, messages, note=None, repl=carried)
             refused = "the worker has no REPL key: set CODEMODE_REPL_KEY on every worker to carry it"
         # Say so, or the model's next program would trip over variables that are gone.
-        self._continue_as_new(input, cont, self._with_note(messages, carry_refused_note(refused)), note=None)
-
-    @staticmethod
-    def _with_note(messages: list[ModelMessage], note: str) -> list[ModelMessage]:
-        """`messages` with `note` added to the last request, for the model to read with the tool results."""
-        last = messages[-1]
-        if not isinstance(last, ModelRequest):
-            return messages
-        return [*messages[:-1], ModelRequest(parts=[*last.parts, UserPromptPart(note, timestamp=workflow.now())],
-                                             instructions=last.instructions, timestamp=last.timestamp)]
+        self._continue_as_new(input, cont, with_note(messages, carry_refused_note(refused), workflow.now()), note=None)
 
     def _continue_as_new(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None,
@@ -955,7 +851,7 @@ class CodeModeRunWorkflow:
         bound_turns(cont.turns)
         files, refused = self._carried_files(cont.spec)
         if refused is not None:
-            messages = self._with_note(messages, refused)
+            messages = with_note(messages, refused, workflow.now())
         self._progress.continuing(run_index=cont.runs + 1)
         workflow.continue_as_new(RunInput(
             agent=input.agent,
@@ -972,7 +868,8 @@ class CodeModeRunWorkflow:
             stream_state=self._events.carried(),
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
-                                      output_retries=self._output_retries, tool_retries=self._tool_retries,
+                                      output_retries=self._run_loop.output_retries,
+                                      tool_retries=self._run_loop.tool_retries,
                                       files=files, new_message_index=cont.new_message_index),
         ))
 
