@@ -12,13 +12,12 @@ import asyncio
 import hmac
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.exceptions import UsageLimitExceeded
@@ -62,16 +61,12 @@ with workflow.unsafe.imports_passed_through():
         SEAL_REPL_ACTIVITY,
         STREAM_INFO_QUERY,
         WORKFLOW_TYPE,
-        approval_verdict_marker,
-        tool_activity_id,
     )
-    from ..shared._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
+    from ..shared._results import clip, printable
     from ..shared._run_events import EventStreamSettings
     from ..shared._signing import ApproverKeyring
-    from ..shared._tool_usage import split_usage
     from ..shared._types import (
         RECORDED_END_STATUS,
-        RECORDED_RULE_VERDICTS,
         AfterRunInput,
         AgentSpec,
         CallRecord,
@@ -86,13 +81,11 @@ with workflow.unsafe.imports_passed_through():
         RunRecovery,
         RunResult,
         SnippetRecord,
-        ToolCallInput,
-        ToolSpec,
         TurnRecord,
         behavior_version_refusal,
         bound_turns,
     )
-    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for, rule_verdict
+    from ._approval_state import Approvals, DecisionRules, keyring_for
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
     from ._event_stream import RunEventStream, StreamInfo
@@ -100,12 +93,10 @@ with workflow.unsafe.imports_passed_through():
     from ._fingerprints import recorded_output
     from ._loop import (
         RunLoop,
-        check_counted,
         copied,
         count_response,
         model_requests_exhausted,
         run_code_args,
-        unknown_tool,
         with_note,
     )
     from ._observers import ApprovalState
@@ -113,6 +104,7 @@ with workflow.unsafe.imports_passed_through():
     from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
     from ._sandbox_sessions import sandbox_sessions
     from ._system_prompts import opening_parts, revalued
+    from ._tool_calls import RunTools
 
 __all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]
 
@@ -126,23 +118,6 @@ _DESCRIBE_TIMEOUT = timedelta(seconds=30)
 _SEAL_TIMEOUT = timedelta(seconds=10)
 _OUTPUT_TIMEOUT = timedelta(minutes=5)
 """Output validators may do I/O (a lookup, another model): as long as a model request may take."""
-
-#: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
-_SANDBOX_EXCEPTIONS = frozenset({
-    "ArithmeticError", "AssertionError", "AttributeError", "FileExistsError", "FileNotFoundError",
-    "ImportError", "IndexError", "KeyError", "LookupError", "MemoryError", "NotImplementedError",
-    "OSError", "OverflowError", "PermissionError", "RecursionError", "RuntimeError", "TimeoutError",
-    "TypeError", "UnicodeDecodeError", "UnicodeEncodeError", "ValueError", "ZeroDivisionError",
-})
-
-
-def _raised(name: str | None, message: str) -> Settled:
-    """The exception a program gets for a tool failure of type `name` (the same for single and batched calls)."""
-    name = name or "RuntimeError"
-    if name in _SANDBOX_EXCEPTIONS:
-        return {"exc_type": name, "message": message}
-    return {"exc_type": "RuntimeError", "message": f"{name}: {message}"}
-
 
 async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type | None, summary: str) -> Any:
     """Run an output-deciding activity (the output check, `after_run`), whose final failure is the run's.
@@ -170,17 +145,6 @@ def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
     return type(failure).__name__, str(failure)
 
 
-def _tool_error(tool: str, error: ActivityError) -> Settled:
-    cause = error.cause
-    if isinstance(cause, ApplicationError):
-        return _raised(cause.type, cause.message)
-    if isinstance(cause, TemporalTimeoutError):
-        return {"exc_type": "TimeoutError", "message": f"{tool}() timed out, and retries did not help"}
-    if isinstance(cause, CancelledError):
-        return {"exc_type": "RuntimeError", "message": f"{tool}() was cancelled"}
-    return {"exc_type": "RuntimeError", "message": f"{tool}() failed: {cause or error}"}
-
-
 @workflow.defn(name=WORKFLOW_TYPE)
 class CodeModeRunWorkflow:
     """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`.
@@ -205,10 +169,8 @@ class CodeModeRunWorkflow:
         self._output_tool_name: str | None = None
         self._children = ChildRuns()
         self._started_by: str | None = None
-        self._batcher: ToolBatcher | None = None
-        """Batches of calls to `ToolOptions(batch=True)` tools, made when the run knows its agent (`run`)."""
-        self._ruled_calls = 0
-        """Calls to tools with an approval rule so far in this workflow run (`approval_verdict_marker`)."""
+        self._tools: RunTools | None = None
+        """The run's tool calls (`_tool_calls`), made when the run knows its agent (`run`)."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -379,7 +341,6 @@ class CodeModeRunWorkflow:
             self._progress.observe(self._events)
         self._deps = input.deps
         self._started_by = input.started_by
-        self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
         self._run_loop = RunLoop(spec.output, spec.instructions, workflow.now, output_retries=cont.output_retries,
                                  tool_retries=dict(cont.tool_retries))
@@ -405,6 +366,11 @@ class CodeModeRunWorkflow:
             )
         if spec.files is not None:
             self._files = RunFilesystem(spec.files, cont.files)
+        self._tools = RunTools(
+            spec=spec, deps=self._deps, started_by=self._started_by, usage=self._usage, limits=self._usage_limits,
+            approvals=self._approvals, progress=self._progress, children=self._children, events=self._events,
+            batcher=ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes),
+            loop=self._run_loop, check_usage=self._check_usage, show_details=self._show_details)
         repl = Repl(spec, self._start_tool, sandbox_sessions(),
                     awaiting_person=lambda call_id: call_id in self._approvals.pending,
                     files=self._files, notices=self._progress)
@@ -636,171 +602,16 @@ class CodeModeRunWorkflow:
             return self._run_loop.retried(call, outcome.content, "validation_error"), outcome
         return self._run_loop.returned(call, outcome.content), outcome
 
-    async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
-        part, record = await self._direct_call_answer(call)
-        self._progress.tool_returned(part)
-        return part, record
-
-    async def _direct_call_answer(self, call: ToolCallPart) -> tuple[ToolReturnPart, CallRecord]:
-        assert self._spec is not None
-        tool = self._spec.tool(call.tool_name)
-        now = workflow.now()
-        if tool is None or tool.in_sandbox:
-            message = unknown_tool(call, self._spec.model_tools)
-            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
-                                status="error", result=message, started_at=now, finished_at=now)
-            return self._run_loop.retried(call, message, "unknown_tool"), record
-        try:
-            args = call.args_as_dict()
-        except ValueError as e:
-            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
-                                status="error", result=str(e), started_at=now, finished_at=now)
-            self._count_tool_retry(tool)
-            return self._run_loop.retried(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
-        settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id, CallSite(code="", line=0))
-        if "return_value" in settled:
-            self._run_loop.tool_succeeded(tool.name)
-            return self._run_loop.returned(call, settled["return_value"]), record
-        if record.status != "denied":  # a person's decision, not a mistake of the model's
-            self._count_tool_retry(tool)
-        failed = f"{settled['exc_type']}: {settled.get('message', '')}"
-        return self._run_loop.retried(call, failed, "model_retry"), record
-
-    def _count_tool_retry(self, tool: ToolSpec) -> None:
-        """Count one retry of a direct call of `tool`; past its budget the run fails, as pydantic-ai's does."""
-        if (failure := self._run_loop.tool_retried(tool.name, tool.max_retries)) is not None:
-            raise ApplicationError(failure, type="UnexpectedModelBehavior", non_retryable=True)
-
     def _start_tool(
         self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
     ) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
-        """Start one tool call: register its approval at once if it needs one, then run it as its activity."""
-        self._progress.call_made(tool=tool, call_id=call_id, args=args, code=site.code, line=site.line)
-        assert self._spec is not None
-        spec = self._spec.tool(tool)
-        assert spec is not None, f"tool {tool!r} is not in the recorded spec"
-        if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
-            projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
-            self._check_usage(lambda u: u.check_before_tool_call(projected))
-            self._check_usage(lambda u: check_counted(u, self._usage))
-        self._usage.tool_calls += 1
-        wait = None
-        pending = None
-        if spec.requires_approval or (spec.approval_rule and self._gated_by_rule(tool, call_id, args)):
-            now = workflow.now()
-            pending = PendingApproval(
-                call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
-                expires_at=now + spec.approval_timeout if spec.approval_timeout else None)
-            # Registered before the program next waits, so the REPL knows the program waits on a person.
-            self._approvals.pending[call_id] = pending
-            self._show_details()
-            wait = self._approvals.wait(pending, spec.approval_timeout)
-        elif spec.child_run is not None:  # with the child runs made beside it, it shares the usage limits' rest
-            self._children.expect(call_id)
-        call = self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
-                                   args=args)
-        if pending is not None:  # told after the call itself, which it belongs to
-            self._progress.approval_waiting(pending, policy=spec.approvers.describe() if spec.approvers else None)
-        return call
+        """Start one tool call of a program (the REPL's `start_tool`): `RunTools.start`."""
+        assert self._tools is not None, "a run calls tools only once it knows its agent"
+        return self._tools.start(tool, args, call_id, site)
 
-    def _gated_by_rule(self, tool: str, call_id: str, args: dict[str, Any]) -> bool:
-        """Whether `tool`'s approval rule sends this call to a person: decided once, live, and recorded.
-
-        Live, the rule is asked (`rule_verdict`) and a call it gates records a marker (`approval_verdict_marker`);
-        a replay reads the marker instead of asking the rule, so a deploy that changes or drops the rule never
-        changes an old run's replay, and a replay needs no rule. Runs recorded before (behaviour version 1) ask the
-        rule on every replay, as they ran.
-        """
-        assert self._spec is not None
-        if self._spec.behavior_version < RECORDED_RULE_VERDICTS:
-            return approval_rule(self._spec.agent, tool)(args)
-        self._ruled_calls += 1
-        marker = approval_verdict_marker(self._ruled_calls, call_id)
-        if workflow.unsafe.is_replaying():
-            return workflow.patched(marker)
-        gated, why = rule_verdict(self._spec.agent, tool, args)
-        if why is not None:
-            workflow.logger.warning("run %s, call %s: %s", workflow.info().workflow_id, call_id, why)
-        if gated:
-            workflow.patched(marker)
-        return gated
-
-    async def _call_tool(
-        self, spec: ToolSpec, args: dict[str, Any], call_id: str,
-        approval: Coroutine[Any, Any, ApprovalRecord] | None,
-    ) -> tuple[Settled, CallRecord]:
-        """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
-        assert self._spec is not None
-        tool = spec.name
-        if approval is not None:
-            decision = await approval
-            self._show_details()
-            if not decision.approved:
-                message = denial_message(decision)
-                return {"exc_type": "PermissionError", "message": message}, CallRecord(
-                    call_id=call_id, tool=tool, args=preview(args), status="denied", result=message,
-                    started_at=decision.requested_at, finished_at=decision.decided_at)
-        options: dict[str, Any] = {
-            "start_to_close_timeout": spec.timeout,
-            "retry_policy": spec.retry_policy,
-            "activity_id": tool_activity_id(call_id, tool, args),
-        }
-        if spec.heartbeat_timeout is not None and not spec.local:
-            options["heartbeat_timeout"] = spec.heartbeat_timeout
-        args_text = one_line(args)  # once per call: the record's preview
-        # The tool and call id are in the activity's type and id already. Temporal does not compare a summary on
-        # replay, so runs recorded with the older summaries (`get("i": 0)`) replay unchanged.
-        options["summary"] = call_summary(tool, args)
-        payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
-        started = workflow.now()
-        status: Any = "ok"
-        settled: Settled
-        if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
-            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by,
-                                                    agent=self._spec.agent, deps=self._deps,
-                                                    limits=self._usage_limits, usage=self._usage,
-                                                    progress=self._progress, stream=self._events.streams)
-            if child is None:
-                assert error is not None
-                settled, status = _raised(error["exc_type"], error["message"]), "error"
-            else:
-                settled = {"return_value": child.output}
-            return settled, self._record(call_id, tool, args_text, settled, status, started)
-        if spec.batch and spec.in_sandbox and approval is None:
-            assert self._batcher is not None, "a run batches calls only once it knows its agent"
-            answer = await self._batcher.submit(spec, call_id, args)
-            if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
-                if isinstance(answer, ActivityError):
-                    settled, status = _tool_error(tool, answer), "error"
-                elif answer.kind == "ok":
-                    settled = {"return_value": answer.value}
-                    if answer.usage is not None:
-                        self._usage.incr(answer.usage)
-                else:
-                    settled, status = _raised(answer.error_type, answer.message or ""), "error"
-                return settled, self._record(call_id, tool, args_text, settled, status, started)
-        try:
-            if spec.local:
-                result = await workflow.execute_local_activity(spec.activity_type, payload, **options)
-            else:
-                result = await workflow.execute_activity(spec.activity_type, payload, **options)
-            value, added = split_usage(result)  # what a sub-agent run of the tool used counts in the run's usage
-            if added is not None:
-                self._usage.incr(added)
-            settled = {"return_value": value}
-        except ActivityError as e:
-            settled, status = _tool_error(tool, e), "error"
-        except asyncio.CancelledError:
-            raise
-        return settled, self._record(call_id, tool, args_text, settled, status, started)
-
-    @staticmethod
-    def _record(call_id: str, tool: str, args_text: str, settled: Settled, status: Any,
-                started: datetime) -> CallRecord:
-        result = preview(settled.get("return_value")) if status == "ok" else (
-            f"{settled['exc_type']}: {settled.get('message', '')}")
-        return CallRecord.made(call_id=call_id, tool=tool, args=clip(args_text, PREVIEW_CHARS), status=status,
-                               result=result, started_at=started, finished_at=workflow.now())
+    async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
+        assert self._tools is not None, "a run calls tools only once it knows its agent"
+        return await self._tools.direct_call(call)
 
     async def _seal(self, request: SealRequest) -> SealResult:
         result: SealResult = await workflow.execute_local_activity(
