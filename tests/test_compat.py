@@ -490,6 +490,35 @@ def test_the_agent_override_and_iter_parameters_the_model_step_passes_are_there(
     assert not missing, f"worker/_model_step.py passes these, which pydantic-ai no longer takes: {missing}"
 
 
+async def test_the_words_the_run_loop_copies_from_pydantic_ai_are_its_words() -> None:
+    """`workflow/_loop.NOT_RUN` is pydantic-ai's answer to a function call that the output ended first.
+
+    Read from what `agent.run()` answers such a call with, so a release that rewords it fails here.
+    """
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from durable_codemode.workflow._loop import NOT_RUN
+
+    class Answer(BaseModel):
+        n: int
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("final_result", {"n": 1}, tool_call_id="o"),
+                                    ToolCallPart("lookup", {}, tool_call_id="f")])
+
+    agent = Agent(FunctionModel(answer), output_type=Answer, end_strategy="early")
+    agent.tool_plain(name="lookup")(lambda: "looked up")
+    last = (await agent.run("go")).all_messages()[-1]
+    assert isinstance(last, ModelRequest)
+    said = {p.tool_call_id: p.content for p in last.parts if isinstance(p, ToolReturnPart)}
+    assert said.get("f") == NOT_RUN, (f"pydantic-ai now answers a call the output ended first with {said.get('f')!r}; "
+                                      "set NOT_RUN in durable_codemode/workflow/_loop.py to it (new runs only: "
+                                      "recorded runs keep what they recorded)")
+
+
 def test_the_recorded_tools_are_a_toolset_pydantic_ai_offers() -> None:
     """`RecordedTools` builds `ToolsetTool`s with these fields (the model step offers them as recorded)."""
     import dataclasses
