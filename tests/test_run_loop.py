@@ -26,7 +26,8 @@ from pydantic_ai.messages import (
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RunUsage, UsageLimits
 
-from durable_codemode.shared._types import OutputSpec, OutputVerdict
+from durable_codemode.shared._activity_io import OutputVerdict
+from durable_codemode.shared._types import OutputSpec
 from durable_codemode.workflow._loop import NOT_RUN, RunLoop, check_counted, count_response, unknown_tool
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
