@@ -1,11 +1,6 @@
-"""Worker Deployment versions as runs see them: which version a run is pinned to, which one is current, moving one.
+"""Moving an open run to another Worker Deployment version (`codemode move`): Temporal's versioning override.
 
-A worker started with `create_worker(deployment=...)` (`codemode worker --deployment NAME --build-id ID`) is one
-version of a Temporal Worker Deployment. The run workflow declares itself `PINNED`: a run stays on the version whose
-workers started it, with the spec, rules and stubs that version recorded, until it ends or someone moves it
-(`move_run`, `codemode move`). New runs go to the deployment's current version, which an operator sets
-(`temporal worker deployment set-current-version`). Temporal's visibility keeps each run's version in the system
-search attribute `TemporalWorkerDeploymentVersion` as `NAME:BUILD_ID`, which `codemode runs` shows and filters by.
+What a version is, and how runs are pinned to one, is in `_deployments`; moving is a client's act on one run.
 """
 
 from __future__ import annotations
