@@ -58,9 +58,9 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import POOL, shutdown_pool
 from durable_codemode.client._moving import run_motion
 from durable_codemode.testing import RunCode, child_processes, last_result, scripted_model
+from durable_codemode.worker._pool import POOL, shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 Side = Literal["codemode", "floor"]

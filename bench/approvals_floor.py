@@ -39,7 +39,7 @@ __all__ = [
     "approvals_floor_gated",
 ]
 
-#: The same values as `durable_codemode.DEFAULT_TOOL_RETRY_POLICY`.
+#: The same values as `durable_codemode.shared._config.DEFAULT_TOOL_RETRY_POLICY`.
 _TOOL_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,

@@ -28,10 +28,10 @@ from temporalio.worker import Replayer
 from bench.run_bench import machine, run_and_exit
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, create_worker, start_dev_server, start_run
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.testing import RunCode, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
-from durable_codemode.workflow import _sandbox
+from durable_codemode.workflow import _sandbox, _snippet_driver
 
 QUEUE = "bench-between-snippets"
 _KEEP = "_may_keep_between_snippets"
@@ -53,9 +53,9 @@ def make_agent(snippets: int) -> CodeModeAgent:
 async def run(args: argparse.Namespace) -> int:
     print(machine(), flush=True)
     starting = 0.0
-    first_stretch = _sandbox._SnippetDriver._first_stretch
+    first_stretch = _snippet_driver.SnippetDriver._first_stretch
 
-    async def timed_first_stretch(self: _sandbox._SnippetDriver) -> Any:
+    async def timed_first_stretch(self: _snippet_driver.SnippetDriver) -> Any:
         nonlocal starting
         start = time.perf_counter()
         try:
@@ -65,7 +65,7 @@ async def run(args: argparse.Namespace) -> int:
 
     keep = _sandbox.Repl._may_keep_between_snippets
     released: Callable[[_sandbox.Repl], bool] = lambda repl: False  # noqa: E731
-    _sandbox._SnippetDriver._first_stretch = timed_first_stretch  # type: ignore[method-assign]
+    _snippet_driver.SnippetDriver._first_stretch = timed_first_stretch  # type: ignore[method-assign]
     env = await start_dev_server(banner="off")
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=DATA_CONVERTER,
                         workflow_runner=workflow_runner())
@@ -89,7 +89,7 @@ async def run(args: argparse.Namespace) -> int:
                         starts[side].append(starting)
     finally:
         setattr(_sandbox.Repl, _KEEP, keep)
-        _sandbox._SnippetDriver._first_stretch = first_stretch  # type: ignore[method-assign]
+        _snippet_driver.SnippetDriver._first_stretch = first_stretch  # type: ignore[method-assign]
         await env.shutdown()
         shutdown_pool()
     med = {k: (statistics.median(walls[k]), statistics.median(starts[k])) for k in walls}

@@ -25,9 +25,9 @@ from pydantic_ai import Agent
 from pydantic_ai.models import Model
 
 from durable_codemode import CatalogSettings, CodeModeAgent, create_worker, start_dev_server, start_run
-from durable_codemode._stubs import estimate_tokens
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, scripted_model
 from durable_codemode.worker._describe import describe_run
+from durable_codemode.workflow._stubs import estimate_tokens
 
 DOMAINS = [
     ("account", "accounts"), ("invoice", "invoices"), ("order", "orders"), ("product", "products"),

@@ -48,8 +48,8 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 PROGRAM = """rows = [{"id": i, "key": (i * 7919) % 200_003} for i in range(200_000)]

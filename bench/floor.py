@@ -31,7 +31,7 @@ from temporalio.common import RetryPolicy
 
 __all__ = ["FLOOR_ACTIVITIES", "FloorInput", "FloorWorkflow", "floor_describe", "floor_get", "floor_model"]
 
-#: The same values as `durable_codemode.DEFAULT_TOOL_RETRY_POLICY`, so both histories carry the same policy.
+#: The same values as `durable_codemode.shared._config.DEFAULT_TOOL_RETRY_POLICY`, so both histories carry one policy.
 _TOOL_RETRY = RetryPolicy(
     initial_interval=timedelta(milliseconds=200),
     backoff_coefficient=2.0,

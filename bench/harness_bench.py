@@ -42,7 +42,7 @@ from bench.run_bench import (
     snippet,
 )
 from durable_codemode import create_worker, start_dev_server
-from durable_codemode._pool import shutdown_pool
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 Side = Literal["codemode", "harness", "floor"]

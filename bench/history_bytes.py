@@ -27,7 +27,7 @@ from temporalio.worker import Worker
 from bench.floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.run_bench import CODEMODE_QUEUE, FLOOR_QUEUE, Bench, Kind, machine, make_agent, run_and_exit
 from durable_codemode import create_worker, start_dev_server
-from durable_codemode._pool import shutdown_pool
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 _ATTRIBUTES = {

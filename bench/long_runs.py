@@ -41,8 +41,8 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.testing import RunCode, Step, fetch_chain_histories, last_result, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 CM_QUEUE = "bench-long-codemode"

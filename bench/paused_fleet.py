@@ -49,8 +49,8 @@ from durable_codemode import (
     start_dev_server,
     start_run,
 )
-from durable_codemode._pool import POOL, shutdown_pool
 from durable_codemode.testing import child_processes
+from durable_codemode.worker._pool import POOL, shutdown_pool
 
 AGENT = "paused-fleet"
 QUEUE = "bench-paused-fleet"

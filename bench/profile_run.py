@@ -48,7 +48,7 @@ from bench.floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.run_bench import CODEMODE_QUEUE, FLOOR_QUEUE, Bench, Kind, machine, make_agent, run_and_exit
 from durable_codemode import CodeModeRunWorkflow, create_worker, start_dev_server
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import GIVING_BACK_THREAD, WARMING_THREAD, shutdown_pool
+from durable_codemode.worker._pool import GIVING_BACK_THREAD, WARMING_THREAD, shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 RATE = 500
@@ -70,8 +70,7 @@ PARTS: list[tuple[str, re.Pattern[str]]] = [
     ("temporalio workflow machinery", re.compile(r"temporalio/worker/_workflow|temporalio/workflow\.py")),
     ("temporalio bridge to the core", re.compile(r"temporalio/bridge")),
     ("temporalio activities, client, other", re.compile(r"temporalio/")),
-    ("our workflow code", re.compile(r"durable_codemode/workflow/|durable_codemode/_(carry|outcome|results|"
-                                     r"types|stubs|names|compute_wire|approvals|telemetry)")),
+    ("our workflow code", re.compile(r"durable_codemode/(workflow|shared)/")),
     ("our worker code (activities)", re.compile(r"durable_codemode/")),
     ("pydantic-ai", re.compile(r"pydantic_ai/")),
     ("asyncio", re.compile(r"(^|/)asyncio/")),

@@ -6,11 +6,11 @@ workflow runner), then replays both histories `--reps` times, interleaved, with 
 replays, timers (`time.perf_counter`) wrap:
 
 - every workflow activation (`_WorkflowInstanceImpl.activate`, the SDK's: all workflow code, both sides);
-- the driver's host round trips (`_SnippetDriver._next_stretch`: Monty's `resume`, the sandbox's own work
-  included, since the workflow thread waits on it);
-- the driver's answers to tool calls (`_SnippetDriver._answer_call`: the checks, the call's id and the start of
+- the driver's host round trips (`_snippet_driver.SnippetDriver._next_stretch`: Monty's `resume`, the sandbox's
+  own work included, since the workflow thread waits on it);
+- the driver's answers to tool calls (`SnippetDriver._answer_call`: the checks, the call's id and the start of
   its task: everything code mode does when a program makes a call, bar the activity itself);
-- the snippet's start (`_SnippetDriver._first_stretch`: checkout, feed).
+- the snippet's start (`SnippetDriver._first_stretch`: checkout, feed).
 
 These are private seams of this package and of the SDK, patched in this process only, and each adds the cost of
 one timer per call to what it measures (~1 µs). It prints one table: per scenario, the replay's median wall time
@@ -40,15 +40,15 @@ from bench.floor import FLOOR_ACTIVITIES, FloorWorkflow
 from bench.run_bench import CODEMODE_QUEUE, FLOOR_QUEUE, Bench, Kind, machine, make_agent, run_and_exit
 from durable_codemode import CodeModeRunWorkflow, create_worker, start_dev_server
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._pool import shutdown_pool
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
-from durable_codemode.workflow import _sandbox
+from durable_codemode.workflow import _snippet_driver
 
 PARTS = {
     "activations": (workflow_instance._WorkflowInstanceImpl, "activate", False),
-    "Monty round trips": (_sandbox._SnippetDriver, "_next_stretch", True),
-    "call answers": (_sandbox._SnippetDriver, "_answer_call", True),
-    "snippet start": (_sandbox._SnippetDriver, "_first_stretch", True),
+    "Monty round trips": (_snippet_driver.SnippetDriver, "_next_stretch", True),
+    "call answers": (_snippet_driver.SnippetDriver, "_answer_call", True),
+    "snippet start": (_snippet_driver.SnippetDriver, "_first_stretch", True),
 }
 """The timed parts: (class, method, whether it is a coroutine function)."""
 

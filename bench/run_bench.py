@@ -43,8 +43,8 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._converter import DATA_CONVERTER as pydantic_data_converter
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 Kind = Literal["gather", "sequential", "batched"]
@@ -177,7 +177,7 @@ def machine() -> str:
         except importlib.metadata.PackageNotFoundError:
             return "?"
 
-    from durable_codemode import temporal_cli_path
+    from durable_codemode.client._devserver import temporal_cli_path
 
     try:
         cli = subprocess.run([temporal_cli_path(), "--version"], capture_output=True, text=True, timeout=10,

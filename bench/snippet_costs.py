@@ -30,8 +30,8 @@ import pydantic_monty
 from pydantic_monty import CollectStreams, FunctionSnapshot, MontyTypingError
 
 from bench.run_bench import machine, snippet
-from durable_codemode._pool import WARM_UP_PROGRAM
-from durable_codemode._stubs import TYPE_CHECK_PRELUDE
+from durable_codemode.worker._pool import WARM_UP_PROGRAM
+from durable_codemode.workflow._stubs import TYPE_CHECK_PRELUDE
 
 STUBS = TYPE_CHECK_PRELUDE + 'async def get(i: int) -> int:\n    """Get the value of item i."""\n    ...\n'
 PROGRAMS = {

@@ -62,9 +62,9 @@ from durable_codemode import (
     start_run,
     stream_events,
 )
-from durable_codemode._pool import shutdown_pool
 from durable_codemode.events import NestedCallEndEvent
 from durable_codemode.testing import RunCode, last_result, scripted_model
+from durable_codemode.worker._pool import shutdown_pool
 
 QUEUE = "bench-stream"
 TOOL_PAUSE = 0.05

@@ -37,8 +37,8 @@ from bench.approvals_bench import WarningCounter, quiet_sdk_core, rss_mb, start_
 from bench.floor import FLOOR_ACTIVITIES, FloorInput, FloorWorkflow
 from bench.run_bench import Kind, fmt_s, machine, make_agent, run_and_exit
 from durable_codemode import PoolSettings, create_worker, start_run
-from durable_codemode._pool import POOL, shutdown_pool
 from durable_codemode.testing import child_processes, replay
+from durable_codemode.worker._pool import POOL, shutdown_pool
 from durable_codemode.worker._worker import workflow_runner
 
 CM_QUEUE = "bench-throughput-codemode"

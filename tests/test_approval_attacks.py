@@ -17,7 +17,6 @@ from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 
 from durable_codemode import (
-    ApprovalDecision,
     CodeModeRunWorkflow,
     DecisionConflictError,
     RunClosedError,
@@ -27,10 +26,10 @@ from durable_codemode import (
     rejected_decisions,
     start_run,
 )
-from durable_codemode._approvals import ApprovalRecord
-from durable_codemode._decisions import MAX_APPROVER_CHARS, MAX_NOTE_CHARS, decision_update_id
-from durable_codemode._signing import signing_payload
-from durable_codemode.client._operations import _own_record
+from durable_codemode.client._deciding import _own_record
+from durable_codemode.shared._approvals import ApprovalDecision, ApprovalRecord
+from durable_codemode.shared._decisions import MAX_APPROVER_CHARS, MAX_NOTE_CHARS, decision_update_id
+from durable_codemode.shared._signing import signing_payload
 from durable_codemode.testing import new_task_queue, replay
 
 from .test_approval_authorization import KEYS, TWO_REFUNDS, fingerprint, payments_agent, signed, worker
@@ -269,7 +268,7 @@ def test_a_run_that_closes_while_a_decision_is_taken_says_so() -> None:
 
 def test_trace_and_audit_name_who_decided_in_the_same_words() -> None:
     """A decision sent without an approver is "an unnamed approver" in both (trace said "someone", audit "update")."""
-    from durable_codemode._approvals import decided_by
+    from durable_codemode.shared._approvals import decided_by
 
     assert decided_by(None, "update") == decided_by(None, "signal") == "an unnamed approver"
     assert (decided_by(None, "timeout"), decided_by("ana", "update")) == ("the approval timeout", "ana")

@@ -12,7 +12,6 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
 from durable_codemode import (
-    ApprovalDecision,
     CodeModeAgent,
     CodeModeRunWorkflow,
     RunResult,
@@ -22,8 +21,9 @@ from durable_codemode import (
     pending_approvals,
     start_run,
 )
-from durable_codemode._pool import POOL
+from durable_codemode.shared._approvals import ApprovalDecision
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+from durable_codemode.worker._pool import POOL
 
 
 def refunds_agent(name: str, code: str, refunds: list[tuple[str, int]], *, timeout: timedelta | None = None,

@@ -23,8 +23,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import RetryPolicy
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, SnippetLimits, ToolOptions, start_run
-from durable_codemode._names import BATCH_ACTIVITY
 from durable_codemode.debugging import render_trace, trace_run
+from durable_codemode.shared._names import BATCH_ACTIVITY
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 

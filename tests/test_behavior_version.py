@@ -29,8 +29,8 @@ from temporalio.worker import Replayer
 
 from durable_codemode import CodeModeAgent, CodeModeRunWorkflow, ToolOptions, UnsupportedBehaviorVersionError
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._names import WORKFLOW_TYPE
-from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, Continuation, RunInput
+from durable_codemode.shared._names import WORKFLOW_TYPE
+from durable_codemode.shared._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, Continuation, RunInput
 from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 from durable_codemode.worker._worker import workflow_runner

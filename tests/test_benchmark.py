@@ -16,7 +16,8 @@ from durable_codemode import CodeModeAgent
 from durable_codemode.apps.activities.cart import CartTools
 from durable_codemode.apps.workflows.cart import CART_TASK, CartInstance
 from durable_codemode.apps.workflows.tasks import Mode, Task
-from durable_codemode.benchmark import render_report, run_benchmark
+from durable_codemode.cli._benchmark import run_benchmark
+from durable_codemode.cli._benchmark_report import render_report
 from durable_codemode.testing import RunCode, scripted_model
 
 _CLEAN_ENV = {k: v for k, v in os.environ.items()

@@ -38,8 +38,8 @@ from pydantic_ai.usage import UsageLimits
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, RunFailedError, RunResult, run_result, start_run
-from durable_codemode._types import ModelRequestInput
 from durable_codemode.debugging import trace_run
+from durable_codemode.shared._activity_io import ModelRequestInput
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,

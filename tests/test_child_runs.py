@@ -36,9 +36,9 @@ from durable_codemode import (
     start_run,
     wait_for_approvals,
 )
-from durable_codemode._approvals import ChildApprovals, PendingApproval
-from durable_codemode._names import CHILD_APPROVALS_SIGNAL, child_run_id
 from durable_codemode.debugging import render_trace, trace_run
+from durable_codemode.shared._approvals import ChildApprovals, PendingApproval
+from durable_codemode.shared._names import CHILD_APPROVALS_SIGNAL, child_run_id
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,

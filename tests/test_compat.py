@@ -14,7 +14,7 @@ import pytest
 from temporalio.api.common.v1 import Payload
 
 import durable_codemode
-from durable_codemode import _names
+from durable_codemode.shared import _names
 
 
 def test_persisted_names_are_pinned() -> None:
@@ -46,7 +46,7 @@ def test_persisted_names_are_pinned() -> None:
                                                                                         "cancelled")
     # Approvals: update and signal names, and the update id a decision goes under (clients of every release send
     # it; the validator accepts a decision under an id of this form only if it is that approver's about that call).
-    from durable_codemode import _approvals, _decisions
+    from durable_codemode.shared import _approvals, _decisions
 
     assert (_approvals.DECIDE_UPDATE, _approvals.DECIDE_ALL_UPDATE) == ("decide", "decide_all")
     assert (_approvals.APPROVE_SIGNAL, _approvals.DENY_SIGNAL) == ("approve", "deny")
@@ -65,7 +65,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
 
     from durable_codemode import CallRecord
     from durable_codemode._converter import DATA_CONVERTER
-    from durable_codemode._types import ToolCallInput
+    from durable_codemode.shared._activity_io import ToolCallInput
 
     converter = DATA_CONVERTER.payload_converter
     compact = converter.to_payload(ToolCallInput(args={"i": 3}))
@@ -74,12 +74,12 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     old = Payload(metadata={"encoding": b"json/plain"}, data=b'{"tool":"get","args":{"i":3},"call_id":"call_1.7"}')
     assert converter.from_payload(old, ToolCallInput) == ToolCallInput(args={"i": 3})
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
-    from durable_codemode._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
+    from durable_codemode.shared._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
     assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (2, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
     # From behaviour version 2, a call an approval rule gates records this marker; a replay reads it.
-    from durable_codemode._types import RECORDED_RULE_VERDICTS
+    from durable_codemode.shared._types import RECORDED_RULE_VERDICTS
 
     assert RECORDED_RULE_VERDICTS == 2
     assert _names.approval_verdict_marker(3, "call_0.1") == "durable-codemode.approval.3.call_0.1"
@@ -97,7 +97,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
                            finished_at=at)
     assert made == record and converter.to_payload(made) == wire
     # A record's previews are in the run's result and what the model is told: ints and None skip the serializers.
-    from durable_codemode._results import one_line
+    from durable_codemode.shared._results import one_line
 
     assert [one_line(v) for v in (3, -2**70, None, True, 1.5, "a \n b", {"i": [1]})] == [
         "3", "-1180591620717411303424", "null", "true", "1.5", "a b", '{"i": [1]}']
@@ -115,10 +115,10 @@ def test_what_deploys_are_compared_by_is_pinned() -> None:
     # on the Python minor version: its AST dump).
     from pydantic_ai.tools import ToolDefinition
 
-    from durable_codemode._fingerprints import recorded_output
-    from durable_codemode._types import OutputSpec
-    from durable_codemode.client._deploys import VERSION_SEARCH_ATTRIBUTE
+    from durable_codemode._deployments import VERSION_SEARCH_ATTRIBUTE
+    from durable_codemode.shared._types import OutputSpec
     from durable_codemode.worker._rules import rule_fingerprint
+    from durable_codemode.workflow._fingerprints import recorded_output
 
     assert recorded_output(None).fingerprint == "b0d387a0a578820f"
     city = ToolDefinition(name="final_result", kind="output", parameters_json_schema={
@@ -136,7 +136,7 @@ def test_the_tool_usage_envelope_is_pinned() -> None:
     from pydantic_ai.usage import RunUsage
 
     from durable_codemode._converter import DATA_CONVERTER
-    from durable_codemode._tool_usage import USAGE_KEY, split_usage, with_usage
+    from durable_codemode.shared._tool_usage import USAGE_KEY, split_usage, with_usage
 
     assert USAGE_KEY == "durable_codemode.tool_usage"
     wire = DATA_CONVERTER.payload_converter.to_payload(with_usage({"a": 1}, RunUsage(requests=1, input_tokens=9)))
@@ -164,7 +164,7 @@ def test_what_a_signed_decision_covers_is_pinned() -> None:
     # decision signed by the other side's release.
     from datetime import UTC, datetime
 
-    from durable_codemode._signing import legacy_signing_payload, signing_payload
+    from durable_codemode.shared._signing import legacy_signing_payload, signing_payload
 
     fields: dict[str, Any] = {"namespace": "default", "run_id": "shop-1", "call_id": "call_0.1", "approved": True,
                               "note": "ok", "approver": "ana", "expires_at": datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)}
@@ -183,8 +183,9 @@ def test_what_a_signed_decision_covers_is_pinned() -> None:
 def test_the_event_stream_names_are_pinned() -> None:
     # Subscribers of one release read runs published by another: the topics, the query, Workflow Streams' own
     # wire names we use, and every code-mode event's registered name are compatibility data.
-    from durable_codemode import _run_events, events
+    from durable_codemode import events
     from durable_codemode.client import _stream
+    from durable_codemode.shared import _run_events
     from durable_codemode.workflow import _event_stream
 
     assert _names.STREAM_INFO_QUERY == "durable-codemode.stream_info"
@@ -487,6 +488,35 @@ def test_the_agent_override_and_iter_parameters_the_model_step_passes_are_there(
                ) | ({"message_history", "model", "deps", "model_settings", "usage", "run_id", "conversation_id"}
                     - set(inspect.signature(Agent.iter).parameters))
     assert not missing, f"worker/_model_step.py passes these, which pydantic-ai no longer takes: {missing}"
+
+
+async def test_the_words_the_run_loop_copies_from_pydantic_ai_are_its_words() -> None:
+    """`workflow/_loop.NOT_RUN` is pydantic-ai's answer to a function call that the output ended first.
+
+    Read from what `agent.run()` answers such a call with, so a release that rewords it fails here.
+    """
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from durable_codemode.workflow._loop import NOT_RUN
+
+    class Answer(BaseModel):
+        n: int
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("final_result", {"n": 1}, tool_call_id="o"),
+                                    ToolCallPart("lookup", {}, tool_call_id="f")])
+
+    agent = Agent(FunctionModel(answer), output_type=Answer, end_strategy="early")
+    agent.tool_plain(name="lookup")(lambda: "looked up")
+    last = (await agent.run("go")).all_messages()[-1]
+    assert isinstance(last, ModelRequest)
+    said = {p.tool_call_id: p.content for p in last.parts if isinstance(p, ToolReturnPart)}
+    assert said.get("f") == NOT_RUN, (f"pydantic-ai now answers a call the output ended first with {said.get('f')!r}; "
+                                      "set NOT_RUN in durable_codemode/workflow/_loop.py to it (new runs only: "
+                                      "recorded runs keep what they recorded)")
 
 
 def test_the_recorded_tools_are_a_toolset_pydantic_ai_offers() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from durable_codemode._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
 from durable_codemode.client._connect import DEFAULT_ADDRESS, DEFAULT_NAMESPACE
+from durable_codemode.shared._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
 
 COMPOSE = Path(__file__).parent.parent / "docker-compose.temporal.yml"
 

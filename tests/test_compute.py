@@ -27,9 +27,9 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from durable_codemode import CodeModeRunWorkflow, LocalPayloadStore, RunResult, SnippetLimits, connect, start_run
-from durable_codemode._pool import POOL
 from durable_codemode.debugging import register_agents
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.worker._pool import POOL
 from durable_codemode.worker._worker import workflow_runner
 
 from ._agents import Effects, items_agent

@@ -21,7 +21,7 @@ from pydantic_ai.toolsets import FunctionToolset
 from temporalio.client import Client
 
 from durable_codemode import CatalogSettings, CodeModeAgent, CodeModeUserError, start_run
-from durable_codemode._types import AgentSpec
+from durable_codemode.shared._types import AgentSpec
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 

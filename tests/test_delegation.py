@@ -28,8 +28,8 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import RetryPolicy
 
 from durable_codemode import CodeModeAgent, RunResult, ToolOptions, current_call, start_run
-from durable_codemode._tool_usage import USAGE_KEY
 from durable_codemode.debugging import trace_run
+from durable_codemode.shared._tool_usage import USAGE_KEY
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,
@@ -236,7 +236,7 @@ async def test_a_batched_delegating_tool_counts_each_calls_usage(client: Client)
 
 
 def test_the_usage_envelope_round_trips_and_leaves_other_results_alone() -> None:
-    from durable_codemode._tool_usage import split_usage, with_usage
+    from durable_codemode.shared._tool_usage import split_usage, with_usage
 
     assert with_usage({"a": 1}, RunUsage()) == {"a": 1}
     wrapped = with_usage([1], RunUsage(requests=2, input_tokens=5))

@@ -35,8 +35,8 @@ from durable_codemode import (
     start_run,
     wait_for_approvals,
 )
-from durable_codemode._names import MODEL_REQUEST_ACTIVITY
 from durable_codemode.debugging import list_runs, register_agents, render_replay, replay_histories
+from durable_codemode.shared._names import MODEL_REQUEST_ACTIVITY
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._waiting_runs import check_waiting_runs
 

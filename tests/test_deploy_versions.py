@@ -26,7 +26,8 @@ import pytest
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
-from durable_codemode import decide, start_run, temporal_cli_path, wait_for_approvals
+from durable_codemode import decide, start_run, wait_for_approvals
+from durable_codemode.client._devserver import temporal_cli_path
 from durable_codemode.testing import new_task_queue, replay
 
 from ._deploy_agents import AGENT, calls

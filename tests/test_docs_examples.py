@@ -67,19 +67,13 @@ from temporalio.contrib.opentelemetry import ReplaySafeTracerProvider
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from durable_codemode import (
-    CodeModeAgent,
-    ToolOptions,
-    _pool,
-    pending_approvals,
-    start_run,
-    temporal_cli_path,
-    wait_for_approvals,
-)
+from durable_codemode import CodeModeAgent, ToolOptions, pending_approvals, start_run, wait_for_approvals
 from durable_codemode.cli import run_cli
+from durable_codemode.client._devserver import temporal_cli_path
 from durable_codemode.debugging import fetch_chain, histories_from_json, render_replay, replay_histories
 from durable_codemode.history._deploy_check import check_deploy, render_deploy_check
 from durable_codemode.testing import FinalOutput, RunCode, last_result, running_worker, scripted_model, user_prompt
+from durable_codemode.worker import _pool
 
 from ._agents import items_agent
 from .test_debugging import CODE, echo, with_code
@@ -689,7 +683,7 @@ async def _check_deploy_report(block: Block, ns: dict[str, Any], given: Given) -
 
 async def _check_summaries(block: Block, ns: dict[str, Any], given: Given) -> None:
     """observability.md's Temporal UI summaries: what `call_summary` makes of the three calls it names."""
-    from durable_codemode._results import call_summary
+    from durable_codemode.shared._results import call_summary
 
     made = [call_summary("fetch", {"key": "abc\u202edef"}), call_summary("fetch", {"key": "x" * 300}),
             call_summary("transfer", {"to": "A\x1b[2K\x1b[1Gsafe", "cents": 5})]

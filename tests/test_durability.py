@@ -8,8 +8,8 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from durable_codemode import start_run
-from durable_codemode._pool import POOL
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker
+from durable_codemode.worker._pool import POOL
 
 from ._agents import Effects, items_agent
 

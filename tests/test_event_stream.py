@@ -41,7 +41,6 @@ from temporalio.contrib.workflow_streams import PublishEntry, PublishInput
 from durable_codemode import (
     CodeModeAgent,
     EventStreamSettings,
-    RunEventItem,
     SnippetLimits,
     ToolOptions,
     child_run_tool,
@@ -50,8 +49,6 @@ from durable_codemode import (
     start_run,
     stream_events,
 )
-from durable_codemode._errors import CodeModeUserError, RunNotFoundError
-from durable_codemode._names import STREAM_INFO_QUERY
 from durable_codemode.events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
@@ -65,10 +62,13 @@ from durable_codemode.events import (
     NestedCallStartEvent,
     PrintEvent,
     RunContinuedEvent,
+    RunEventItem,
     RunStartEvent,
     SnippetEndEvent,
     SnippetStartEvent,
 )
+from durable_codemode.shared._errors import CodeModeUserError, RunNotFoundError
+from durable_codemode.shared._names import STREAM_INFO_QUERY
 from durable_codemode.testing import (
     FinalOutput,
     RunCode,

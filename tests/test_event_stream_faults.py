@@ -24,17 +24,9 @@ from pydantic_ai.run import AgentRunResultEvent
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from durable_codemode import (
-    RunEventItem,
-    WorkerUnavailableError,
-    connect,
-    decide,
-    start_dev_server,
-    start_run,
-    stream_events,
-)
+from durable_codemode import WorkerUnavailableError, connect, decide, start_dev_server, start_run, stream_events
 from durable_codemode.debugging import register_agents
-from durable_codemode.events import ApprovalWaitEvent, NestedCallEndEvent, NestedCallStartEvent
+from durable_codemode.events import ApprovalWaitEvent, NestedCallEndEvent, NestedCallStartEvent, RunEventItem
 from durable_codemode.testing import new_task_queue, replay
 
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent

@@ -23,8 +23,9 @@ from temporalio.testing import ActivityEnvironment
 
 from durable_codemode import CallRecord, CodeModeAgent, RunResult, ToolOptions, current_call, start_run
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._types import NAMED_RECORDS, ToolCallInput
 from durable_codemode.debugging import trace_run
+from durable_codemode.shared._activity_io import ToolCallInput
+from durable_codemode.shared._records import NAMED_RECORDS
 from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._activities import CodeModeActivities
 

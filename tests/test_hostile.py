@@ -31,7 +31,6 @@ from durable_codemode import (
     RunResult,
     SnippetLimits,
     ToolOptions,
-    _pool,
     decide,
     start_run,
 )
@@ -44,6 +43,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.worker import _pool
 
 MIB = 1024 * 1024
 SECRET_ENV = "CODEMODE_HOSTILE_SECRET"

@@ -15,12 +15,12 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.catalog import EXPECTED, catalog_agent, task_steps
 from durable_codemode import CatalogSettings, CodeModeAgent, CodeModeUserError, RunResult, SnippetLimits
-from durable_codemode._catalog import SEARCH_LIMIT_MAX, CatalogIndex
-from durable_codemode._compute_wire import decode_answer, encode_answer
-from durable_codemode._stubs import estimate_tokens, run_code_tool_definition
-from durable_codemode._types import AgentSpec
+from durable_codemode.shared._compute_wire import decode_answer, encode_answer
+from durable_codemode.shared._types import AgentSpec
 from durable_codemode.testing import RunCode, last_result, scripted_model
 from durable_codemode.worker._describe import describe_run
+from durable_codemode.workflow._catalog import SEARCH_LIMIT_MAX, CatalogIndex
+from durable_codemode.workflow._stubs import estimate_tokens, run_code_tool_definition
 
 from ._agents import items_agent
 from ._runs import run_to_end

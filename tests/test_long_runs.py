@@ -8,8 +8,9 @@ from typing import Any
 
 from temporalio.client import Client
 
-from durable_codemode import RunInput, RunResult, SnippetLimits, start_run
+from durable_codemode import RunResult, SnippetLimits, start_run
 from durable_codemode._converter import DATA_CONVERTER
+from durable_codemode.shared._types import RunInput
 from durable_codemode.testing import RunCode, fetch_chain_histories, new_task_queue, replay, running_worker
 from durable_codemode.worker._seal import monty_version, seal
 
@@ -120,7 +121,7 @@ def test_long_run_summaries_drop_the_oldest_call_records_to_fit() -> None:
     from datetime import UTC, datetime
 
     from durable_codemode import CallRecord, SnippetRecord, TurnRecord
-    from durable_codemode._types import bound_turns
+    from durable_codemode.shared._records import bound_turns
 
     now = datetime.now(UTC)
 

@@ -24,12 +24,12 @@ from durable_codemode import (
     CodeModeUserError,
     PoolSettings,
     RunResult,
-    _pool,
     create_worker,
     start_run,
 )
 from durable_codemode.debugging import register_agents
 from durable_codemode.testing import new_task_queue, replay
+from durable_codemode.worker import _pool
 from durable_codemode.worker._worker import DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS
 
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent

@@ -35,9 +35,8 @@ from durable_codemode import (
     start_run,
 )
 from durable_codemode._converter import DATA_CONVERTER
-from durable_codemode._telemetry import worker_interceptors
+from durable_codemode._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode.client._listing import list_runs
-from durable_codemode.client._visibility import AGENT_KEY, STATUS_KEY
 from durable_codemode.testing import (
     RunCode,
     fetch_chain_histories,
@@ -46,6 +45,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.worker._tracing import worker_interceptors
 from durable_codemode.worker._worker import workflow_runner
 
 _EXPORTER = InMemorySpanExporter()
@@ -326,10 +326,10 @@ async def test_a_run_waiting_for_a_person_exports_the_spans_before_its_pause(
 
 
 def test_tracing_needs_the_replay_safe_tracer_provider(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    from durable_codemode import _telemetry
+    from durable_codemode.worker import _tracing
 
     # As in a process that never set one: the API's default provider.
-    monkeypatch.setattr(_telemetry.trace, "get_tracer_provider", trace.NoOpTracerProvider)
+    monkeypatch.setattr(_tracing.trace, "get_tracer_provider", trace.NoOpTracerProvider)
     with pytest.raises(CodeModeUserError, match="create_tracer_provider"):
         create_worker(client, [shop_agent("no-provider", "done", refunds=[])], tracing=True)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.profile_run import HAND_OFF, IDLE, WARM_UP, part_of, read_samples, thread_kind
-from durable_codemode import _pool
+from durable_codemode.worker import _pool
 
 pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 
@@ -31,8 +31,8 @@ def test_a_workflow_threads_hand_off_to_the_loop_is_its_own_row() -> None:
 def test_a_helper_thread_waiting_for_work_is_idle_and_waiting_on_monty_is_warm_up() -> None:
     waiting = _line("sessions.get()")
     ending = _line("session.__exit__(None, None, None)")
-    assert part_of(f"SandboxPool._end_given_back (durable_codemode/_pool.py:{waiting})", GIVE_BACK) == IDLE
-    assert part_of(f"_close_quietly (durable_codemode/_pool.py:{ending})", GIVE_BACK) == WARM_UP
+    assert part_of(f"SandboxPool._end_given_back (durable_codemode/worker/_pool.py:{waiting})", GIVE_BACK) == IDLE
+    assert part_of(f"_close_quietly (durable_codemode/worker/_pool.py:{ending})", GIVE_BACK) == WARM_UP
 
 
 def test_samples_are_counted_by_thread_kind_and_part(tmp_path: Path) -> None:

@@ -14,14 +14,14 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeUserError, RunFiles, RunResult, SnippetLimits, start_run
-from durable_codemode._compute_wire import decode_answer, encode_answer
-from durable_codemode._files import FilesSpec
-from durable_codemode._stubs import run_code_tool_definition
-from durable_codemode._types import FILE_LISTING_LIMIT, SnippetRecord, TurnRecord, bound_turns
 from durable_codemode.debugging import render_trace, trace_run
 from durable_codemode.history._trace import files_text
+from durable_codemode.shared._compute_wire import decode_answer, encode_answer
+from durable_codemode.shared._files import FilesSpec
+from durable_codemode.shared._records import FILE_LISTING_LIMIT, SnippetRecord, TurnRecord, bound_turns
 from durable_codemode.testing import RunCode, last_result, new_task_queue, running_worker
 from durable_codemode.workflow._files import RunFilesystem
+from durable_codemode.workflow._stubs import run_code_tool_definition
 
 from ._agents import items_agent
 from ._runs import run_to_end

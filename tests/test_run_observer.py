@@ -1,6 +1,6 @@
 """The history tools and `watch` see a run only through its observer and its events, never the workflow's insides.
 
-A replay is watched by an observer of the run (`_telemetry.RunTelemetry`, attached with `observe_run`, as
+A replay is watched by an observer of the run (`_observers.RunTelemetry`, attached with `observe_run`, as
 tracing's spans are): it learns each call's source line, each snippet's outcome and the run's approvals. The
 workflow may then rename or reshape its private methods and state freely: nothing outside `workflow/` reads them.
 And `read_run` (traces, replay reports) and `watch` decode a history with the one reader, `history/_events`.
@@ -13,9 +13,9 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from durable_codemode._telemetry import RunTelemetry, _Observers
 from durable_codemode.workflow import _run
-from durable_codemode.workflow._sandbox import SnippetOutcome
+from durable_codemode.workflow._observers import RunTelemetry, _Observers
+from durable_codemode.workflow._sandbox_types import SnippetOutcome
 
 ROOT = Path(__file__).resolve().parent.parent / "src" / "durable_codemode"
 READERS = sorted((ROOT / "history").glob("*.py")) + sorted((ROOT / "client").glob("*.py"))
@@ -47,14 +47,15 @@ def test_the_history_tools_never_touch_the_run_workflows_private_names() -> None
                 name = node.value
             if name is not None:
                 touched.append(f"{path.relative_to(ROOT)}:{node.lineno} reads the run workflow's {name}")
-    assert not touched, "observe the run through _telemetry.RunTelemetry instead:\n" + "\n".join(touched)
+    assert not touched, "observe the run through _observers.RunTelemetry instead:\n" + "\n".join(touched)
 
 
 def test_watch_and_the_trace_read_events_with_one_reader() -> None:
     watch = ast.parse((ROOT / "client" / "_watch.py").read_text(encoding="utf-8"))
     imported = {(n.module, a.name) for n in ast.walk(watch) if isinstance(n, ast.ImportFrom) for a in n.names}
-    assert ("history._events", "RunReader") in imported
-    assert not [name for module, name in imported if module and module.startswith("history") and name.startswith("_")]
+    assert ("_history_events", "RunReader") in imported
+    assert not [name for module, name in imported
+                if module and module.startswith(("history", "_history")) and name.startswith("_")]
 
 
 class _Recording(RunTelemetry):

@@ -237,7 +237,7 @@ def _kill_sandbox_processes_when_the_program_runs() -> int:
     import threading
     import time
 
-    from durable_codemode._pool import POOL
+    from durable_codemode.worker._pool import POOL
 
     def kill_when_held() -> None:
         deadline = time.monotonic() + 10
@@ -325,7 +325,7 @@ async def test_tool_metadata_keeps_a_tool_native(client: Client) -> None:
 
 
 async def test_a_run_keeps_its_process_while_the_model_thinks_only_within_the_hold_budget(client: Client) -> None:
-    from durable_codemode import _pool
+    from durable_codemode.worker import _pool
 
     seen: list[tuple[int, int]] = []
 

@@ -5,7 +5,7 @@ own, as it is exported (`tests._ledger_worker --spans`), so what a test counts i
 worker killed with SIGKILL. Before, a task run live twice (a refused completion, a worker without a workflow
 cache, a worker replaced or killed mid-run) exported its spans twice: 59 extra copies in 12 runs without a cache
 (`bench/span_export.py`). Now a span is exported only by the worker whose task completion the server recorded
-(`durable_codemode._span_exports`).
+(`durable_codemode.worker._span_exports`).
 """
 
 from __future__ import annotations

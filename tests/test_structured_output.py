@@ -20,8 +20,8 @@ from temporalio.client import Client, WorkflowFailureError
 from typing_extensions import TypedDict
 
 from durable_codemode import CodeModeAgent, SnippetLimits, run_agent, run_result, start_run, typed_result
-from durable_codemode._names import OUTPUT_ACTIVITY
 from durable_codemode.debugging import render_trace, trace_run
+from durable_codemode.shared._names import OUTPUT_ACTIVITY
 from durable_codemode.testing import (
     FinalOutput,
     RunCode,

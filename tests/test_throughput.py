@@ -19,7 +19,7 @@ from pydantic_ai import Agent
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
 
-from durable_codemode import CodeModeAgent, CodeModeUserError, PoolSettings, _pool, start_run
+from durable_codemode import CodeModeAgent, CodeModeUserError, PoolSettings, start_run
 from durable_codemode.testing import (
     RunCode,
     child_processes,
@@ -29,6 +29,7 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+from durable_codemode.worker import _pool
 from durable_codemode.worker._worker import create_worker
 from tests._agents import Effects, items_agent
 

@@ -20,7 +20,7 @@ from pydantic_ai import Agent
 from temporalio.client import Client, WorkflowUpdateFailedError
 
 from durable_codemode import CodeModeAgent, ToolOptions, start_run, wait_for_approvals
-from durable_codemode._results import clip, code_lines, printable
+from durable_codemode.shared._results import clip, code_lines, printable
 from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker, scripted_model
 
 from .test_debugging import address, codemode, with_code
@@ -145,7 +145,7 @@ async def test_the_temporal_ui_shows_a_runs_text_escaped_and_cut_visibly(client:
     from temporalio.api.enums.v1 import EventType
 
     from durable_codemode import decide
-    from durable_codemode.history._events import summary_of
+    from durable_codemode._history_events import summary_of
 
     from .test_observability import current_details
 

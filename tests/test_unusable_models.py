@@ -28,8 +28,8 @@ from temporalio.api.history.v1 import History
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, InvalidRunInputError, RunResult, create_worker, start_run
-from durable_codemode._types import Continuation, RunInput
-from durable_codemode.client._visibility import start_options
+from durable_codemode._visibility import start_options
+from durable_codemode.shared._types import Continuation, RunInput
 from durable_codemode.testing import new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 from durable_codemode.workflow._run import CodeModeRunWorkflow

@@ -14,8 +14,8 @@ from typing import Any
 
 from temporalio.client import Client
 
-from durable_codemode import _pool
 from durable_codemode.testing import RunCode, last_result
+from durable_codemode.worker import _pool
 
 from ._agents import Effects, items_agent
 from ._runs import run_to_end

@@ -4,19 +4,25 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
-from ._approvals import (
-    ApprovalDecision,
+from ._process import run_script
+from ._storage import LocalPayloadStore, data_converter
+from .client._connect import connect
+from .client._deciding import decide, decide_all, pending_approvals, rejected_decisions, wait_for_approvals
+from .client._devserver import start_dev_server
+from .client._failures import RunWorkflowFailedError
+from .client._run_agent import run_agent
+from .client._runs import run_result, start_run, typed_result
+from .client._signer import ApprovalSigner, generate_approver_key
+from .client._stream import stream_events
+from .shared._approvals import (
     ApprovalRecord,
     ApproverPolicy,
-    BatchDecision,
     DecidedCalls,
     PendingApproval,
-    RecordedApproverPolicy,
     RejectedDecision,
 )
-from ._config import DEFAULT_TOOL_RETRY_POLICY, CatalogSettings, SnippetLimits, ToolOptions
-from ._converter import DATA_CONVERTER
-from ._errors import (
+from .shared._config import CatalogSettings, SnippetLimits, ToolOptions
+from .shared._errors import (
     AgentNotFoundError,
     CodeModeError,
     CodeModeUserError,
@@ -32,46 +38,23 @@ from ._errors import (
     WorkerBusyError,
     WorkerUnavailableError,
 )
-from ._files import RunFiles
-from ._pool import PoolSettings
-from ._process import run_script
-from ._run_events import EventStreamSettings
-from ._signing import ApproverKeyring
-from ._storage import LocalPayloadStore, data_converter
-from ._types import AgentSpec, CallRecord, RunInput, RunResult, SnippetRecord, ToolSpec, TurnRecord
-from .client._devserver import start_dev_server, temporal_cli_path
-from .client._failures import RunWorkflowFailedError
-from .client._operations import (
-    decide,
-    decide_all,
-    pending_approvals,
-    rejected_decisions,
-    run_agent,
-    run_result,
-    start_run,
-    typed_result,
-    wait_for_approvals,
-)
-from .client._signer import ApprovalSigner, generate_approver_key
-from .client._stream import RunEventItem, stream_events
-from .worker._agent import CodeModeAgent, ToolSelector
+from .shared._files import RunFiles
+from .shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord
+from .shared._run_events import EventStreamSettings
+from .shared._signing import ApproverKeyring
+from .worker._agent import CodeModeAgent
 from .worker._child_runs import add_child_run_tool, child_run_tool
 from .worker._context import ToolCallContext, current_call
-from .worker._worker import DEFAULT_TASK_QUEUE, CodeModePlugin, connect, create_worker
+from .worker._pool import PoolSettings
+from .worker._worker import CodeModePlugin, create_worker
 from .workflow._run import CodeModeRunWorkflow
 
 __all__ = [
-    "DATA_CONVERTER",
-    "DEFAULT_TASK_QUEUE",
-    "DEFAULT_TOOL_RETRY_POLICY",
     "AgentNotFoundError",
-    "AgentSpec",
-    "ApprovalDecision",
     "ApprovalRecord",
     "ApprovalSigner",
     "ApproverKeyring",
     "ApproverPolicy",
-    "BatchDecision",
     "CallRecord",
     "CatalogSettings",
     "CodeModeAgent",
@@ -88,13 +71,10 @@ __all__ = [
     "OutputChangedError",
     "PendingApproval",
     "PoolSettings",
-    "RecordedApproverPolicy",
     "RejectedDecision",
     "RunClosedError",
-    "RunEventItem",
     "RunFailedError",
     "RunFiles",
-    "RunInput",
     "RunNotFoundError",
     "RunResult",
     "RunWorkflowFailedError",
@@ -102,8 +82,6 @@ __all__ = [
     "SnippetRecord",
     "ToolCallContext",
     "ToolOptions",
-    "ToolSelector",
-    "ToolSpec",
     "TransientToolError",
     "TurnRecord",
     "UnsupportedBehaviorVersionError",
@@ -126,7 +104,6 @@ __all__ = [
     "start_dev_server",
     "start_run",
     "stream_events",
-    "temporal_cli_path",
     "typed_result",
     "wait_for_approvals",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ._errors import CodeModeUserError
+from .shared._errors import CodeModeUserError
 
 __all__ = ["APPS_PACKAGE", "bundled_apps"]
 

@@ -24,7 +24,7 @@ from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model, infer_model, parse_model_id
 from pydantic_ai.providers import infer_provider_class
 
-from ._errors import CodeModeUserError
+from .shared._errors import CodeModeUserError
 
 __all__ = ["build_model", "unknown_model"]
 

@@ -39,7 +39,7 @@ from temporalio.converter import (
 )
 
 from ._converter import DATA_CONVERTER
-from ._errors import CodeModeUserError
+from .shared._errors import CodeModeUserError
 
 __all__ = ["DEFAULT_PAYLOAD_THRESHOLD", "PAYLOAD_STORE_ENV", "LocalPayloadStore", "data_converter",
            "env_stores", "resolve_history", "store_from_env", "stores_of"]

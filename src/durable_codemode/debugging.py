@@ -24,38 +24,31 @@ with the new code (`codemode check-deploy`), and `move_run` pins a run to anothe
 
 from __future__ import annotations
 
-from ._errors import RunNotFoundError
+from ._history_fetch import (
+    fetch_chain,
+    fetch_history,
+    histories_from_json,
+    histories_to_json,
+)
 from .client._deploys import move_run
-from .client._listing import RUN_STATES, RunSummary, list_runs
-from .history._capture import ReplayCapture, quiet_replays, replay_history
+from .client._listing import RunSummary, list_runs
+from .history._capture import ReplayCapture, replay_history
 from .history._deploy_check import (
     DeployCheck,
     Finding,
     RunCheck,
     check_deploy,
-    check_history,
     render_deploy_check,
 )
-from .history._fetch import (
-    fetch_chain,
-    fetch_history,
-    histories_from_json,
-    histories_to_json,
-    read_histories,
-    write_histories,
-)
-from .history._read import parse_histories, trace_histories, trace_run
+from .history._divergence import CallSide, Cause, Divergence
+from .history._read import trace_histories, trace_run
 from .history._replay import (
-    CallSide,
-    Cause,
-    Divergence,
     ReplayReport,
     RunReplay,
     import_agents,
     load_agents,
     register_agents,
     render_replay,
-    render_replay_table,
     replay_histories,
     replay_recent,
     replay_run,
@@ -69,11 +62,9 @@ from .history._trace import (
     TraceSnippet,
     TraceTurn,
     render_trace,
-    trace_json,
 )
 
 __all__ = [
-    "RUN_STATES",
     "CallSide",
     "CallStatus",
     "Cause",
@@ -83,7 +74,6 @@ __all__ = [
     "ReplayCapture",
     "ReplayReport",
     "RunCheck",
-    "RunNotFoundError",
     "RunReplay",
     "RunSummary",
     "RunTrace",
@@ -93,7 +83,6 @@ __all__ = [
     "TraceSnippet",
     "TraceTurn",
     "check_deploy",
-    "check_history",
     "fetch_chain",
     "fetch_history",
     "histories_from_json",
@@ -102,20 +91,14 @@ __all__ = [
     "list_runs",
     "load_agents",
     "move_run",
-    "parse_histories",
-    "quiet_replays",
-    "read_histories",
     "register_agents",
     "render_deploy_check",
     "render_replay",
-    "render_replay_table",
     "render_trace",
     "replay_histories",
     "replay_history",
     "replay_recent",
     "replay_run",
     "trace_histories",
-    "trace_json",
     "trace_run",
-    "write_histories",
 ]

@@ -20,7 +20,8 @@ async def show(client, run_id):
 ```
 """
 
-from ._run_events import (
+from .client._stream import RunEventItem
+from .shared._run_events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
     ChildRunEndEvent,
@@ -41,7 +42,6 @@ from ._run_events import (
     SnippetEndEvent,
     SnippetStartEvent,
 )
-from .client._stream import RunEventItem
 
 __all__ = [
     "ApprovalDecidedEvent",

@@ -38,8 +38,8 @@ from pydantic_core import to_jsonable_python
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
-from ._names import RUN_CODE_TOOL
 from .client._devserver import start_dev_server
+from .shared._names import RUN_CODE_TOOL
 from .worker._agent import CodeModeAgent
 from .worker._context import ToolCallContext, bind_call
 from .worker._worker import create_worker, workflow_runner

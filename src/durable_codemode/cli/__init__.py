@@ -44,9 +44,9 @@ import traceback
 from collections.abc import Coroutine, Sequence
 from typing import Any, NoReturn
 
-from .._errors import CodeModeUserError
 from .._outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, EXIT_WAITING
 from .._process import exit_process
+from ..shared._errors import CodeModeUserError
 from ._output import err
 from ._parser import Command, build_parser
 from ._serving import DEV_SERVER_DB, serve_bundled_agents

@@ -14,21 +14,16 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from .._approvals import ApprovalRecord, PendingApproval, RejectedDecision, decided_by
-from .._errors import CodeModeError, CodeModeUserError, DecisionConflictError
+from .._history_fetch import fetch_chain
 from .._outcome import EXIT_FAILED, EXIT_OK
-from .._results import call_arguments, code_lines, preview, printable
-from ..client._operations import (
-    decide,
-    decide_all,
-    pending_approvals,
-    rejected_decisions,
-)
+from ..client._connect import connect
+from ..client._deciding import decide, decide_all, pending_approvals, rejected_decisions
 from ..client._signer import KEY_ENV, ApprovalSigner, generate_approver_key
 from ..history._capture import quiet_replays
-from ..history._fetch import fetch_chain
 from ..history._read import trace_histories
-from ..worker._worker import connect
+from ..shared._approvals import ApprovalRecord, PendingApproval, RejectedDecision, decided_by
+from ..shared._errors import CodeModeError, CodeModeUserError, DecisionConflictError
+from ..shared._results import call_arguments, code_lines, preview, printable
 from ._history import load_worker
 from ._output import err, say, say_json
 

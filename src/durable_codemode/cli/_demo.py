@@ -13,12 +13,10 @@ from temporalio.client import WorkflowFailureError
 
 from .._bundled import bundled_apps
 from .._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
-from .._results import answer_text
 from ..client._devserver import start_dev_server
-from ..client._operations import (
-    start_run,
-)
+from ..client._runs import start_run
 from ..history._trace import render_tree
+from ..shared._results import answer_text
 from ..worker._worker import create_worker
 from ._output import err, say, server_address, tree_width
 from ._serving import model_label

@@ -6,9 +6,11 @@ import argparse
 
 from temporalio.service import RPCError
 
-from .._errors import CodeModeUserError
+from .._deployments import parse_version, version_label
+from .._history_fetch import fetch_chain, fetch_history
 from .._outcome import EXIT_FAILED, EXIT_OK
-from ..client._deploys import move_run, parse_version, version_label
+from ..client._connect import connect
+from ..client._deploys import move_run
 from ..history._capture import quiet_replays
 from ..history._deploy_check import (
     DeployCheck,
@@ -17,9 +19,8 @@ from ..history._deploy_check import (
     findings_json,
     render_deploy_check,
 )
-from ..history._fetch import fetch_chain, fetch_history
 from ..history._replay import import_agents, render_replay, replay_histories
-from ..worker._worker import connect
+from ..shared._errors import CodeModeUserError
 from ._output import say, say_json
 from ._serving import ApproverSettings
 

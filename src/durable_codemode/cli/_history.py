@@ -8,14 +8,14 @@ from pathlib import Path
 
 from temporalio.service import RPCError
 
-from .._errors import CodeModeUserError
+from .._history_fetch import fetch_chain, fetch_history, histories_to_json, read_histories
 from .._outcome import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ..client._connect import connect
 from ..history._capture import quiet_replays
-from ..history._fetch import fetch_chain, fetch_history, histories_to_json, read_histories
 from ..history._read import trace_histories, trace_run
 from ..history._replay import load_agents, render_replay, render_replay_table, replay_histories, replay_recent
 from ..history._trace import render_trace, trace_json
-from ..worker._worker import connect
+from ..shared._errors import CodeModeUserError
 from ._output import err, say, say_json, tree_width
 
 

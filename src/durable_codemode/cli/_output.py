@@ -8,7 +8,7 @@ from typing import TextIO
 
 from temporalio.client import Client
 
-from .._results import printable
+from ..shared._results import printable
 
 ADDRESS_ENV = "TEMPORAL_ADDRESS"
 

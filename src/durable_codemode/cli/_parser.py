@@ -9,13 +9,13 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
-from ..benchmark import add_bench_command
 from ..client._listing import RUN_STATES
 from ..client._signer import KEY_ENV
+from ..shared._names import DEFAULT_TASK_QUEUE
 from ..ui import DEFAULT_UI_PORT
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
-from ..worker._worker import DEFAULT_TASK_QUEUE
 from ._approvals import approvals_command, approve_command, audit_command, deny_command, keygen_command
+from ._benchmark import add_bench_command
 from ._demo import demo_command
 from ._deploys import check_deploy_command, move_command
 from ._history import history_command, replay_command, trace_command

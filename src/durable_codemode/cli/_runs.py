@@ -15,20 +15,17 @@ from pydantic import TypeAdapter
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from .._errors import CodeModeUserError
 from .._outcome import EXIT_FAILED, EXIT_OK, EXIT_WAITING, run_failure_reason
-from .._results import answer_text, printable
-from .._types import NAMED_RECORDS, RunResult
+from ..client._connect import connect
 from ..client._listing import list_runs
-from ..client._operations import (
-    start_run,
-    validate_run_input,
-)
+from ..client._runs import start_run, validate_run_input
 from ..client._stream import streams
 from ..client._watch import WatchOutcome, watch_run
 from ..client._watch_stream import watch_stream
 from ..history._trace import render_tree
-from ..worker._worker import connect
+from ..shared._errors import CodeModeUserError
+from ..shared._records import NAMED_RECORDS, RunResult
+from ..shared._results import answer_text, printable
 from ._output import err, say, say_json, server_address, tree_width
 from ._serving import no_worker_polls
 

@@ -21,16 +21,17 @@ from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
 from .._bundled import bundled_apps
-from .._errors import CodeModeUserError
+from .._deployments import version_label
 from .._outcome import EXIT_OK
-from .._signing import ApproverKeyring
-from ..client._connect import configured_address
-from ..client._deploys import version_label
+from ..client._connect import configured_address, connect
 from ..client._devserver import start_dev_server
+from ..shared._errors import CodeModeUserError
+from ..shared._names import DEFAULT_TASK_QUEUE
+from ..shared._signing import ApproverKeyring
 from ..ui import UIAccess, serve_ui
 from ..worker._agent import CodeModeAgent
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
-from ..worker._worker import DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT, DEFAULT_TASK_QUEUE, connect, create_worker
+from ..worker._worker import DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT, create_worker
 from ._output import ADDRESS_ENV, say, server_address
 
 DEV_SERVER_DB = Path("~/.local/share/durable-codemode/dev-server.sqlite")

@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import signal
 
-from .._errors import CodeModeUserError
 from .._outcome import EXIT_OK
+from ..client._connect import connect
 from ..client._signer import ApprovalSigner
+from ..shared._errors import CodeModeUserError
 from ..ui import UIAccess, serve_ui
-from ..worker._worker import connect
 from ._output import say, server_address
 
 __all__ = ["ui_access", "ui_command"]

@@ -23,8 +23,8 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.service import RPCError
 
-from .._errors import WorkerBusyError, WorkerUnavailableError
-from .._results import printable
+from ..shared._errors import WorkerBusyError, WorkerUnavailableError
+from ..shared._results import printable
 
 __all__ = ["RECENT_POLL_SECONDS", "no_answer"]
 

@@ -15,8 +15,8 @@ from datetime import timedelta
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
-from .._approvals import ChildRun
-from .._names import CHILD_RUNS_QUERY
+from ..shared._approvals import ChildRun
+from ..shared._names import CHILD_RUNS_QUERY
 
 __all__ = ["MAX_CHILD_DEPTH", "children_of"]
 

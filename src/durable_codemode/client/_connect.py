@@ -18,9 +18,9 @@ from temporalio.client import Client
 from temporalio.converter import StorageDriver
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 
-from .._errors import CodeModeUserError
+from .._otel import client_interceptors
 from .._storage import data_converter, store_from_env
-from .._telemetry import client_interceptors
+from ..shared._errors import CodeModeUserError
 
 __all__ = ["CONNECT_TIMEOUT_SECONDS", "DEFAULT_ADDRESS", "DEFAULT_NAMESPACE", "configured_address", "connect",
            "connect_failure_reason", "connect_settings"]

@@ -16,9 +16,9 @@ from typing import Literal
 
 from temporalio.testing import WorkflowEnvironment
 
-from .._errors import CodeModeUserError
-from .._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
 from .._storage import data_converter, store_from_env
+from ..shared._errors import CodeModeUserError
+from ..shared._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
 
 __all__ = ["DEV_SERVER_DEFAULT_ARGS", "start_dev_server", "temporal_cli_path"]
 

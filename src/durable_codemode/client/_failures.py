@@ -21,8 +21,8 @@ from pydantic_ai.exceptions import AgentRunError, ModelAPIError, ModelHTTPError,
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from .._errors import RunFailedError
 from .._outcome import run_failure_reason
+from ..shared._errors import RunFailedError
 
 __all__ = ["RunWorkflowFailedError", "agent_run_error", "run_failure"]
 

@@ -22,8 +22,10 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from .._errors import CodeModeUserError
-from .._names import (
+from .._deployments import VERSION_KEY, VERSION_SEARCH_ATTRIBUTE, parse_version, version_label
+from .._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
+from ..shared._errors import CodeModeUserError
+from ..shared._names import (
     AGENT_MEMO,
     AGENT_SEARCH_ATTRIBUTE,
     STATUS_MEMO,
@@ -32,8 +34,6 @@ from .._names import (
     WORKFLOW_TYPE,
 )
 from ..workflow._run import CodeModeRunWorkflow
-from ._deploys import VERSION_KEY, VERSION_SEARCH_ATTRIBUTE, parse_version, version_label
-from ._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 
 __all__ = ["RUN_STATES", "RunSummary", "list_runs"]
 

@@ -22,8 +22,8 @@ from datetime import timedelta
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
-from .._names import STATUS_MEMO, STATUS_WAITING
-from ._visibility import STATUS_KEY
+from .._visibility import STATUS_KEY
+from ..shared._names import STATUS_MEMO, STATUS_WAITING
 
 __all__ = ["RunMotion", "run_motion"]
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .._decisions import MAX_KEY_ID_CHARS, approver_name_problem
-from .._errors import CodeModeUserError
-from .._results import printable
-from .._signing import b64, unb64
+from ..shared._decisions import MAX_KEY_ID_CHARS, approver_name_problem
+from ..shared._errors import CodeModeUserError
+from ..shared._results import printable
+from ..shared._signing import b64, unb64
 
 __all__ = ["KEY_ENV", "ApprovalSigner", "generate_approver_key"]
 

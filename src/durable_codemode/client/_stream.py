@@ -44,10 +44,10 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, W
 from temporalio.contrib.workflow_streams import PollInput, PollResult
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._errors import CodeModeUserError, RunNotFoundError, WorkerUnavailableError
-from .._names import STREAM_INFO_QUERY
 from .._pydantic_ai import agent_run_result
-from .._run_events import (
+from ..shared._errors import CodeModeUserError, RunNotFoundError, WorkerUnavailableError
+from ..shared._names import STREAM_INFO_QUERY
+from ..shared._run_events import (
     EventsTrimmedEvent,
     ModelRequestStartEvent,
     ModelStreamResetEvent,
@@ -58,7 +58,7 @@ from .._run_events import (
 from ..workflow._event_stream import StreamInfo
 from ..workflow._run import CodeModeRunWorkflow
 from ._answering import no_answer
-from ._operations import DEFAULT_ANSWER_TIMEOUT, run_result
+from ._runs import DEFAULT_ANSWER_TIMEOUT, run_result
 
 __all__ = ["DEFAULT_PATIENCE", "DEFAULT_POLL_INTERVAL", "RunEventItem", "feed_event_stream_handler", "stream_events",
            "streams"]

@@ -31,18 +31,18 @@ from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._approvals import PendingApproval
-from .._errors import RunNotFoundError
-from .._names import (
+from .._history_events import RecordedActivity, RecordedRun, RunReader
+from ..shared._approvals import PendingApproval
+from ..shared._errors import RunNotFoundError
+from ..shared._names import (
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
     RUN_CODE_TOOL,
 )
-from .._results import call_arguments, code_lines, preview, printable
-from .._types import RunResult
-from ..history._events import RecordedActivity, RecordedRun, RunReader
+from ..shared._records import RunResult
+from ..shared._results import call_arguments, code_lines, preview, printable
 from ..workflow._run import CodeModeRunWorkflow
-from ._operations import children_waiting
+from ._deciding import children_waiting
 
 __all__ = ["WatchOutcome", "WatchState", "watch_run"]
 

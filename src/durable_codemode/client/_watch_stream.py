@@ -25,9 +25,9 @@ from pydantic_ai.messages import FunctionToolCallEvent, PartEndEvent, TextPart, 
 from pydantic_ai.run import AgentRunResultEvent
 from temporalio.client import Client
 
-from .._names import RUN_CODE_TOOL
-from .._results import call_arguments, code_lines, preview
-from .._run_events import (
+from ..shared._names import RUN_CODE_TOOL
+from ..shared._results import call_arguments, code_lines, preview
+from ..shared._run_events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
     ChildRunEndEvent,
@@ -45,7 +45,8 @@ from .._run_events import (
     SnippetEndEvent,
 )
 from ..workflow._run import CodeModeRunWorkflow
-from ._operations import pending_approvals, run_result
+from ._deciding import pending_approvals
+from ._runs import run_result
 from ._stream import RunEventItem, stream_events
 from ._watch import _FEW, WatchOutcome, WatchState
 from ._watch import _Follower as _Lines

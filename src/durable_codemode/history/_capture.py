@@ -6,7 +6,7 @@ snippet, line and arguments that was, the replay is watched from three places, n
 workflow does:
 - an outbound interceptor records every command the replayed workflow issues (activities with their inputs, in
   the order that gives their sequence numbers, and continue-as-new with its input);
-- the run's observer (`_telemetry.RunTelemetry`, attached by `observe_run` as tracing's spans are) learns each
+- the run's observer (`_observers.RunTelemetry`, attached by `observe_run` as tracing's spans are) learns each
   call's source line and each replayed snippet's outcome, and is handed the run's approval state;
 - a workflow runner around Temporal's unsandboxed one reads that approval state after every activation but the
   eviction, so a replay of an open run ends with what the run is waiting for.
@@ -44,11 +44,11 @@ from temporalio.worker import (
     WorkflowRunner,
 )
 
-from .._approvals import ApprovalRecord, PendingApproval
 from .._converter import DATA_CONVERTER
-from .._telemetry import ApprovalState, RunTelemetry, observe_run
+from ..shared._approvals import ApprovalRecord, PendingApproval
+from ..workflow._observers import ApprovalState, RunTelemetry, observe_run
 from ..workflow._run import CodeModeRunWorkflow
-from ..workflow._sandbox import SnippetOutcome
+from ..workflow._sandbox_types import SnippetOutcome
 
 __all__ = [
     "ReplayCapture",
@@ -185,7 +185,7 @@ class _Outbound(WorkflowOutboundInterceptor):
 
 
 class _CapturingObserver(RunTelemetry):
-    """The run's observer in a replay (`_telemetry.observe_run`): each call's source line, each snippet's outcome."""
+    """The run's observer in a replay (`_observers.observe_run`): each call's source line, each snippet's outcome."""
 
     def __init__(self, capture: ReplayCapture, states: dict[str, Callable[[], ApprovalState]]) -> None:
         self._capture = capture

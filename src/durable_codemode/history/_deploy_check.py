@@ -31,18 +31,18 @@ from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowHistory
 
-from .._fingerprints import recorded_output
-from .._names import WORKFLOW_TYPE
-from .._results import clip, printable
-from .._signing import ApproverKeyring
-from .._types import RECORDED_RULE_VERDICTS, AgentSpec, ToolSpec
-from ..client._deploys import VERSION_KEY
+from .._deployments import VERSION_KEY
+from .._history_events import read_run
+from .._history_fetch import fetch_history
+from ..shared._names import WORKFLOW_TYPE
+from ..shared._results import clip, printable
+from ..shared._signing import ApproverKeyring
+from ..shared._types import RECORDED_RULE_VERDICTS, AgentSpec, ToolSpec
 from ..worker._agent import CodeModeAgent
 from ..worker._describe import describe_for_check
 from ..worker._rules import rule_fingerprint
 from ..worker._waiting_runs import key_problems
-from ._events import read_run
-from ._fetch import fetch_history
+from ..workflow._fingerprints import recorded_output
 
 __all__ = ["DeployCheck", "Finding", "RunCheck", "check_deploy", "check_history", "compare_specs", "findings_json",
            "render_deploy_check"]

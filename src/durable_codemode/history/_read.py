@@ -22,13 +22,17 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
-from .._approvals import (
+from .._history_events import RecordedActivity, RecordedRun, failure_text, read_run
+from .._history_fetch import fetch_chain
+from .._storage import env_stores, resolve_history
+from ..shared._activity_io import ModelRequestInput
+from ..shared._approvals import (
     APPROVE_SIGNAL,
     ApprovalRecord,
     PendingApproval,
 )
-from .._errors import CodeModeUserError, RunNotFoundError
-from .._names import (
+from ..shared._errors import CodeModeUserError, RunNotFoundError
+from ..shared._names import (
     AFTER_RUN_ACTIVITY,
     BATCH_ACTIVITY,
     COMPUTE_ACTIVITY,
@@ -39,13 +43,11 @@ from .._names import (
     RUN_ERROR_ACTIVITY,
     WORKFLOW_TYPE,
 )
-from .._results import preview
-from .._storage import env_stores, resolve_history
-from .._types import Continuation, ModelRequestInput, TurnRecord
+from ..shared._records import TurnRecord
+from ..shared._results import preview
+from ..shared._types import Continuation
 from ..workflow._approval_state import RULE_UNKNOWN
 from ._capture import ReplayCapture, failure_message, replay_history
-from ._events import RecordedActivity, RecordedRun, failure_text, read_run
-from ._fetch import fetch_chain
 from ._trace import (
     CallStatus,
     RunTrace,

@@ -27,10 +27,11 @@ from typing import Any, Literal
 
 from pydantic import TypeAdapter
 
-from .._approvals import ApprovalRecord, decided_by
-from .._config import SnippetLimits
-from .._results import PREVIEW_CHARS, answer_text, call_arguments, code_lines, printable
-from .._types import CallRecord, RunResult, TurnRecord
+from .._history_events import RunStatus, TraceRun
+from ..shared._approvals import ApprovalRecord, decided_by
+from ..shared._config import SnippetLimits
+from ..shared._records import CallRecord, RunResult, TurnRecord
+from ..shared._results import PREVIEW_CHARS, answer_text, call_arguments, code_lines, printable
 
 __all__ = [
     "CallStatus",
@@ -52,7 +53,6 @@ __all__ = [
 CallStatus = Literal["ok", "error", "cancelled", "denied", "running", "pending"]
 """`running`: scheduled and not finished (an open run); `pending`: waiting for a person's decision."""
 
-RunStatus = Literal["running", "completed", "failed", "continued_as_new", "terminated", "cancelled", "timed_out"]
 
 _PREVIEW = 200
 """Characters of a result, error or argument preview in a trace (the JSON form has the same previews)."""
@@ -163,25 +163,6 @@ class TraceTurn:
     direct_calls: list[TraceCall] = field(default_factory=list)
     output: str | None = None
     """What the output check of the response found (agents with an `output_type`): `accepted`, `rejected, ...`."""
-
-
-@dataclass(kw_only=True)
-class TraceRun:
-    """One workflow run of a continue-as-new chain."""
-
-    run_id: str
-    status: RunStatus
-    started_at: datetime | None = None
-    closed_at: datetime | None = None
-    events: int = 0
-    continued_as: str | None = None
-    """The next run's id, when this one continued as new."""
-    continue_reason: str | None = None
-    """`compute_limit` or `sandbox_crashed` (a snippet ended the run), else `None` (the snippet cap, or Temporal
-    suggested it)."""
-    failure: str | None = None
-    task_failures: list[str] = field(default_factory=list)
-    """Workflow task failures (a wedged run retries its task: nondeterminism, a deadlock, a bug)."""
 
 
 @dataclass(kw_only=True)

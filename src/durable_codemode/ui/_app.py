@@ -42,21 +42,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from .._errors import (
+from ..client._deciding import decide, pending_approvals
+from ..client._listing import RUN_STATES, list_runs
+from ..client._signer import ApprovalSigner
+from ..client._stream import RunEventItem, stream_events, streams
+from ..history._read import trace_run
+from ..history._trace import render_trace
+from ..shared._errors import (
     CodeModeUserError,
     DecisionConflictError,
     RunClosedError,
     RunNotFoundError,
     WorkerUnavailableError,
 )
-from .._names import STREAM_INFO_QUERY
-from .._results import printable
-from ..client._listing import RUN_STATES, list_runs
-from ..client._operations import decide, pending_approvals
-from ..client._signer import ApprovalSigner
-from ..client._stream import RunEventItem, stream_events, streams
-from ..history._read import trace_run
-from ..history._trace import render_trace
+from ..shared._names import STREAM_INFO_QUERY
+from ..shared._results import printable
 from ..workflow._event_stream import StreamInfo
 from ._views import event_view, pending_view, run_view
 

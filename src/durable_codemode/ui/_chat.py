@@ -67,15 +67,16 @@ from temporalio.client import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._approvals import PendingApproval
-from .._errors import CodeModeUserError, DecisionConflictError, RunClosedError, WorkerUnavailableError
 from .._pydantic_ai import agent_run_result
-from .._results import printable
-from .._run_events import ApprovalWaitEvent
-from ..client._operations import decide, pending_approvals, run_result, start_run
+from ..client._deciding import decide, pending_approvals
+from ..client._runs import run_result, start_run
 from ..client._stream import stream_events
+from ..shared._approvals import PendingApproval
+from ..shared._errors import CodeModeUserError, DecisionConflictError, RunClosedError, WorkerUnavailableError
+from ..shared._names import DEFAULT_TASK_QUEUE
+from ..shared._results import printable
+from ..shared._run_events import ApprovalWaitEvent
 from ..worker._agent import CodeModeAgent
-from ..worker._worker import DEFAULT_TASK_QUEUE
 from ..workflow._run import CodeModeRunWorkflow
 from ._app import UIAccess
 

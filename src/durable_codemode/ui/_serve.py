@@ -12,7 +12,7 @@ from collections.abc import Callable
 import uvicorn
 from temporalio.client import Client
 
-from .._errors import CodeModeUserError
+from ..shared._errors import CodeModeUserError
 from ._app import UIAccess, ui_app
 
 __all__ = ["DEFAULT_UI_PORT", "serve_ui"]

@@ -23,10 +23,12 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.run import AgentRunResultEvent
 
-from .._approvals import PendingApproval
-from .._names import RUN_CODE_TOOL
-from .._results import answer_text, call_arguments, preview, printable
-from .._run_events import (
+from ..client._listing import RunSummary
+from ..client._stream import RunEventItem
+from ..shared._approvals import PendingApproval
+from ..shared._names import RUN_CODE_TOOL
+from ..shared._results import answer_text, call_arguments, preview, printable
+from ..shared._run_events import (
     ApprovalDecidedEvent,
     ApprovalWaitEvent,
     ChildRunEndEvent,
@@ -44,8 +46,6 @@ from .._run_events import (
     SnippetEndEvent,
     SnippetStartEvent,
 )
-from ..client._listing import RunSummary
-from ..client._stream import RunEventItem
 
 __all__ = ["event_view", "pending_view", "run_view"]
 

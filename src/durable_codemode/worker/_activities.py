@@ -27,26 +27,8 @@ from temporalio import activity
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from .._carry import SealRequest, SealResult
-from .._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
-from .._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
-from .._files import CARRY_WITHOUT_STORE_BYTES
-from .._names import (
-    AFTER_RUN_ACTIVITY,
-    BATCH_ACTIVITY,
-    CHILD_DEPS_ACTIVITY,
-    COMPUTE_ACTIVITY,
-    DESCRIBE_AGENT_ACTIVITY,
-    MODEL_REQUEST_ACTIVITY,
-    OUTPUT_ACTIVITY,
-    RUN_ERROR_ACTIVITY,
-    SEAL_REPL_ACTIVITY,
-    call_id_of_activity,
-)
-from .._tool_usage import with_usage
-from .._types import (
+from ..shared._activity_io import (
     AfterRunInput,
-    AgentSpec,
     BatchInput,
     BatchResult,
     ChildDeps,
@@ -61,6 +43,24 @@ from .._types import (
     RunRecovery,
     ToolCallInput,
 )
+from ..shared._carry import SealRequest, SealResult
+from ..shared._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
+from ..shared._errors import AgentNotFoundError, CodeModeUserError, GuardrailError, RunFailedError
+from ..shared._files import CARRY_WITHOUT_STORE_BYTES
+from ..shared._names import (
+    AFTER_RUN_ACTIVITY,
+    BATCH_ACTIVITY,
+    CHILD_DEPS_ACTIVITY,
+    COMPUTE_ACTIVITY,
+    DESCRIBE_AGENT_ACTIVITY,
+    MODEL_REQUEST_ACTIVITY,
+    OUTPUT_ACTIVITY,
+    RUN_ERROR_ACTIVITY,
+    SEAL_REPL_ACTIVITY,
+    call_id_of_activity,
+)
+from ..shared._tool_usage import with_usage
+from ..shared._types import AgentSpec
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority
 from ._batch import run_batch

@@ -12,14 +12,12 @@ The activities that serve it each have a module of their own: `_describe` (a run
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
-import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any, TypeVar, Union
 
-from pydantic import PydanticSchemaGenerationError, TypeAdapter, ValidationError
+from pydantic import PydanticSchemaGenerationError, ValidationError
 from pydantic_ai import Agent, DeferredToolRequests, PendingModelResponse, RunContext
 from pydantic_ai.models import Model, infer_model
 from pydantic_ai.tools import ToolDefinition
@@ -28,19 +26,19 @@ from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_ai.usage import RunUsage
 from temporalio import activity
 
-from .._catalog import CATALOG_FUNCTIONS
-from .._config import CatalogSettings, SnippetLimits, ToolOptions
-from .._errors import CodeModeUserError, DepsFactoryError, TransientToolError
-from .._files import RunFiles
 from .._models import build_model
-from .._names import RUN_CODE_TOOL
 from .._pydantic_ai import (
     agent_settings,
     output_types,
     resolves_per_run,
 )
-from .._results import clip
-from .._run_events import EventStreamSettings
+from ..shared._config import CatalogSettings, SnippetLimits, ToolOptions
+from ..shared._errors import CodeModeUserError, DepsFactoryError, TransientToolError
+from ..shared._files import RunFiles
+from ..shared._names import RUN_CODE_TOOL
+from ..shared._results import clip
+from ..shared._run_events import EventStreamSettings
+from ..workflow._catalog import CATALOG_FUNCTIONS
 from ._capabilities import (
     CapabilityUse,
     fallback_model_names,
@@ -51,9 +49,19 @@ from ._capabilities import (
     unsupported_model_wrappers,
     unsupported_tool_search,
 )
+from ._deps import (
+    TRANSIENT_DEPS_ERRORS,
+    CallDeps,
+    callable_name,
+    not_data_message,
+    not_deps_type,
+    qualified_name,
+    type_adapter,
+    type_label,
+)
 from ._mcp import as_received, mcp_toolsets
 
-__all__ = ["CallDeps", "CodeModeAgent", "ToolSelector", "not_data_message"]
+__all__ = ["CodeModeAgent", "ToolSelector"]
 
 AgentDepsT = TypeVar("AgentDepsT")
 """The wrapped agent's `deps_type`: what a `deps_factory` must build."""
@@ -109,85 +117,6 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
     return found
 
 
-@functools.cache
-def _adapter(kind: Any) -> TypeAdapter[Any]:
-    return TypeAdapter(kind)
-
-
-def not_data_message(agent: str, kind: Any, error: Exception) -> str:
-    """Why `kind` (a deps type) cannot be rebuilt from what a run records, naming the fields that are not data."""
-    try:
-        hints = typing.get_type_hints(kind)
-    except Exception:  # an unresolvable annotation: name no field
-        hints = {}
-    bad: dict[str, str] = {}
-    for field_name, hint in hints.items():
-        try:
-            _adapter(hint)
-        except PydanticSchemaGenerationError:
-            bad[field_name] = getattr(hint, "__qualname__", str(hint))
-    cause = str(error).splitlines()[0]
-    name = getattr(kind, "__qualname__", str(kind))
-    if not bad:
-        what = "it holds something that is not data"
-        way = "a deps_factory that builds its deps on the worker"
-    else:
-        what = (f"its field{'s' if len(bad) > 1 else ''} {', '.join(map(repr, bad))} "
-                f"hold{'s' if len(bad) == 1 else ''} a live resource, not data")
-        built = ", ".join(f"{n}=run[{n!r}]" if n not in bad else f"{n}=<the worker's {bad[n]}>" for n in hints)
-        way = f"a deps_factory that builds them on the worker, CodeModeAgent(agent, deps_factory=lambda run: " \
-              f"{getattr(kind, '__name__', name)}({built}))"
-    return (f"the deps of agent {agent!r} ({name}) cannot be rebuilt from what a run records: {what} ({cause}). A "
-            f"run records its deps in its history, so only ids and settings; give the agent {way}, with the "
-            "connections and clients the worker holds (docs/agents.md#deps-that-hold-connections)")
-
-
-def _qualified_name(kind: Any) -> str | None:
-    """`module.QualName` of a class (what `start_run` records of a deps value), `None` for other types."""
-    if not isinstance(kind, type):
-        return None
-    return f"{kind.__module__}.{kind.__qualname__}"
-
-
-TRANSIENT_DEPS_ERRORS: tuple[type[BaseException], ...] = (TransientToolError, ConnectionError)
-"""A `deps_factory`'s exceptions that are retried with the activity (the same ones a tool's are, `_failures`)."""
-
-
-def _callable_name(function: Any) -> str:
-    """`module.qualname` of a function (a lambda's is `module.<lambda>`), else its repr, for messages."""
-    qualname = getattr(function, "__qualname__", None)
-    if qualname is None:
-        return clip(repr(function), 80)
-    module = getattr(function, "__module__", None)
-    return f"{module}.{qualname}" if module else str(qualname)
-
-
-def _type_name(kind: Any) -> str:
-    return str(getattr(kind, "__qualname__", None) or kind)
-
-
-def _not_deps_type(value: Any, kind: Any) -> str | None:
-    """What `value` is when it is not a `kind` (an agent's `deps_type`), for the message; `None` when it is.
-
-    Checked where `isinstance` can tell: a class, the origin of a generic (`dict[str, int]`), a `TypedDict` (a
-    dict). Other annotations (a union, a protocol) are not checked.
-    """
-    if kind is type(None) or kind is Any:
-        return None
-    runtime = dict if typing.is_typeddict(kind) else typing.get_origin(kind) or kind
-    if not isinstance(runtime, type) or isinstance(value, runtime):
-        return None
-    return f"a {type(value).__qualname__}, not a {_type_name(kind)} (the agent's deps_type)"
-
-
-@dataclass(frozen=True)
-class CallDeps:
-    """A run's deps as its tool calls get them (`CodeModeAgent.deps_for_calls`)."""
-
-    value: Any
-    """`ctx.deps`."""
-    own: bool
-    """The run has deps of its own (given, or built by a factory): its tools are read with them (`prepare`)."""
 
 
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
@@ -377,7 +306,7 @@ class CodeModeAgent:
         if factory is None:
             return self.deps if raw is None else self.recorded_deps(raw, type_name=type_name)
         recorded = self.recorded_deps(raw, type_name=type_name)
-        named = _callable_name(factory)
+        named = callable_name(factory)
         try:
             if inspect.iscoroutinefunction(factory):
                 built = await factory(recorded)
@@ -395,11 +324,11 @@ class CodeModeAgent:
                 f"the deps_factory of agent {self.name!r} failed for the run's deps {clip(repr(raw), 200)}: "
                 f"{type(e).__name__}: {e} (the factory: {named}); fix the factory, or raise TransientToolError "
                 "from it for a failure worth retrying") from e
-        problem = _not_deps_type(built, self.deps_type)
+        problem = not_deps_type(built, self.deps_type)
         if problem is not None:
             raise DepsFactoryError(
                 f"the deps_factory of agent {self.name!r} ({named}) returned {problem}: it must build the agent's "
-                f"deps_type, e.g. return {_type_name(self.deps_type)}(...) built from what the run recorded")
+                f"deps_type, e.g. return {type_label(self.deps_type)}(...) built from what the run recorded")
         return built
 
     async def deps_for_calls(self, raw: Any) -> CallDeps:
@@ -419,14 +348,14 @@ class CodeModeAgent:
         expected = self.run_deps_type
         if expected is type(None) or expected is Any or (raw is None and self._deps_factory is None):
             return raw
-        wanted = _qualified_name(expected)
+        wanted = qualified_name(expected)
         whose = "its run_deps_type" if self._deps_factory is not None else "its deps_type"
         if type_name is not None and wanted is not None and type_name != wanted:
             raise CodeModeUserError(
                 f"agent {self.name!r} takes deps of type {wanted} ({whose}), but the run was started with "
                 f"deps of type {type_name}: pass a {getattr(expected, '__name__', wanted)} as start_run(deps=...)")
         try:
-            adapter = _adapter(expected)
+            adapter = type_adapter(expected)
         except PydanticSchemaGenerationError as e:
             raise CodeModeUserError(not_data_message(self.name, expected, e)) from e
         try:

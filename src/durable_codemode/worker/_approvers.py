@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._approvals import GROUP_PREFIX, ApproverPolicy, RecordedApproverPolicy
-from .._errors import CodeModeUserError
-from .._signing import ApproverKeyring
+from ..shared._approvals import GROUP_PREFIX, ApproverPolicy, RecordedApproverPolicy
+from ..shared._errors import CodeModeUserError
+from ..shared._signing import ApproverKeyring
 
 __all__ = ["APPROVER_DIRECTORY_ENV", "APPROVER_KEYS_ENV", "ApprovalAuthority", "ApproverDirectory"]
 

@@ -33,9 +33,10 @@ from pydantic_core import to_json
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from .._types import BatchedCall, BatchInput, BatchOutcome, BatchResult
-from ._agent import CallDeps, CodeModeAgent
+from ..shared._activity_io import BatchedCall, BatchInput, BatchOutcome, BatchResult
+from ._agent import CodeModeAgent
 from ._context import ToolCallContext, bind_call
+from ._deps import CallDeps
 from ._failures import message_of, tool_failure
 from ._heartbeat import heartbeating
 from ._tool_calls import call_tool

@@ -22,9 +22,9 @@ from pydantic_ai import Agent, RunContext, Tool
 from pydantic_ai.toolsets import AbstractToolset, FunctionToolset
 from pydantic_core import to_json, to_jsonable_python
 
-from .._errors import CodeModeUserError
-from .._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA
-from .._types import ChildDeps
+from ..shared._activity_io import ChildDeps
+from ..shared._errors import CodeModeUserError
+from ..shared._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA
 from ._agent import CodeModeAgent
 
 __all__ = ["ChildDepsFunction", "add_child_run_tool", "child_deps", "child_run_tool"]
@@ -142,7 +142,7 @@ async def child_deps(durable: CodeModeAgent, tool: str, ctx: RunContext[Any]) ->
         Exception: what the `deps=` function raised (the caller classifies it).
 
     """
-    from ..client._operations import MAX_DEPS_BYTES  # (the client module imports the worker's: not at import)
+    from ..shared._types import MAX_DEPS_BYTES
 
     found = _function_tools(durable.agent).get(tool)
     deps = getattr(found.function, _DEPS_ATTRIBUTE, None) if found is not None else None

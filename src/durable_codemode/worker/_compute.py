@@ -37,11 +37,11 @@ from pydantic_monty import (
     NameLookupSnapshot,
 )
 
-from .. import _pool
-from .._compute_wire import NAME_LOOKUP, decode_answer, decode_dump, encode_dump, encoded_size
-from .._config import is_time_limit, monty_limits
-from .._results import jsonable
-from .._types import ComputeRequest, ComputeResult
+from ..shared._activity_io import ComputeRequest, ComputeResult
+from ..shared._compute_wire import NAME_LOOKUP, decode_answer, decode_dump, encode_dump, encoded_size
+from ..shared._config import is_time_limit, monty_limits
+from ..shared._results import jsonable
+from . import _pool
 
 __all__ = ["compute_stretch"]
 

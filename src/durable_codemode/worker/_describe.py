@@ -29,12 +29,13 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
-from .._approvals import RecordedApproverPolicy
-from .._config import ToolOptions
-from .._errors import CodeModeUserError, GuardrailError
-from .._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA, tool_activity_type
 from .._pydantic_ai import agent_settings
-from .._stubs import (
+from ..shared._approvals import RecordedApproverPolicy
+from ..shared._config import ToolOptions
+from ..shared._errors import CodeModeUserError, GuardrailError
+from ..shared._names import CHILD_DEPS_METADATA, CHILD_RUN_METADATA, tool_activity_type
+from ..shared._types import BEHAVIOR_VERSION, AgentSpec, CatalogEntry, DynamicPrompt, OutputSpec, ToolCatalog, ToolSpec
+from ..workflow._stubs import (
     deferred_section,
     estimate_tokens,
     index_section,
@@ -43,7 +44,6 @@ from .._stubs import (
     stubs_of,
     tool_summary,
 )
-from .._types import BEHAVIOR_VERSION, AgentSpec, CatalogEntry, DynamicPrompt, OutputSpec, ToolCatalog, ToolSpec
 from ._approvers import ApprovalAuthority
 from ._capabilities import probing, run_before_run
 from ._files import files_spec

@@ -21,7 +21,7 @@ from pydantic_ai import ModelRetry
 from pydantic_ai.exceptions import AgentRunError, ModelAPIError, ModelHTTPError, UserError
 from temporalio.exceptions import ApplicationError
 
-from .._errors import CodeModeError, TransientToolError
+from ..shared._errors import CodeModeError, TransientToolError
 
 __all__ = ["TRANSIENT", "function_model_failure", "message_of", "tool_failure"]
 

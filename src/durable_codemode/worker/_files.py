@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .._errors import CodeModeUserError
-from .._files import FilesSpec, RunFiles, encode_contents
+from ..shared._errors import CodeModeUserError
+from ..shared._files import FilesSpec, RunFiles, encode_contents
 
 __all__ = ["files_spec"]
 

@@ -25,7 +25,7 @@ from pydantic_ai import Agent
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset
 
-from .._errors import TransientToolError
+from ..shared._errors import TransientToolError
 
 CONNECTION_CLOSED = -32000
 """`mcp.types.CONNECTION_CLOSED`: the JSON-RPC error code of a lost connection."""

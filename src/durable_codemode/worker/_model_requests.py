@@ -19,10 +19,11 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import RunUsage
 from temporalio import activity
 
-from .._errors import CodeModeUserError
 from .._models import build_model
 from .._pydantic_ai import agent_settings
-from .._types import ModelStep, ModelStreamTarget, OutputSpec
+from ..shared._activity_io import ModelStep, ModelStreamTarget
+from ..shared._errors import CodeModeUserError
+from ..shared._types import OutputSpec
 from ._capabilities import extra_capabilities, instrumentation_of
 from ._model_step import model_step
 from ._model_stream import ModelStreamPublisher

@@ -56,9 +56,10 @@ from pydantic_ai.usage import RunUsage
 from pydantic_core import SchemaValidator, core_schema
 from pydantic_graph import End
 
-from .._fingerprints import OutputShape, recorded_output
 from .._pydantic_ai import override_root_capability, start_step, step_run_context
-from .._types import ModelStep, OutputSpec
+from ..shared._activity_io import ModelStep
+from ..shared._types import OutputSpec
+from ..workflow._fingerprints import OutputShape, recorded_output
 from ._capabilities import RunHooksMasked
 
 __all__ = ["RecordedTools", "can_stream", "model_step"]

@@ -35,8 +35,8 @@ from temporalio import activity
 from temporalio.contrib.workflow_streams import WorkflowStreamClient
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._run_events import ModelStreamResetEvent, model_topic
-from .._types import ModelStreamTarget
+from ..shared._activity_io import ModelStreamTarget
+from ..shared._run_events import ModelStreamResetEvent, model_topic
 
 __all__ = ["ModelStreamPublisher", "coalesced"]
 

@@ -22,11 +22,11 @@ from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage
 from pydantic_graph import End
 
-from .._errors import OutputChangedError
-from .._fingerprints import OutputShape
 from .._pydantic_ai import agent_run_result, start_step
-from .._results import clip, jsonable
-from .._types import OutputVerdict
+from ..shared._activity_io import OutputVerdict
+from ..shared._errors import OutputChangedError
+from ..shared._results import clip, jsonable
+from ..workflow._fingerprints import OutputShape
 from ._capabilities import probing, run_after_run, run_on_run_error
 from ._probe import PROBE_PROFILE, Probed, last_prompt
 

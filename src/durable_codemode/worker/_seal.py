@@ -1,7 +1,7 @@
 """The worker's half of carrying a REPL: its key, and the seal (an HMAC) it puts on a dump.
 
 Only workers hold the key (`CODEMODE_REPL_KEY`); the seal activity runs here and its outcome is recorded, so
-workflow code and replays never see the key (`durable_codemode._carry` says why a dump is sealed).
+workflow code and replays never see the key (`durable_codemode.shared._carry` says why a dump is sealed).
 """
 
 from __future__ import annotations

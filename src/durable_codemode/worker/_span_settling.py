@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
-from .._span_exports import RunSpans, WorkerSpans, current_run, drain_exports
+from ._span_exports import RunSpans, WorkerSpans, current_run, drain_exports
 
 __all__ = ["SETTLE_EVERY_SECONDS", "SETTLE_QUIET_SECONDS", "SpanRecordingRunner", "settle_spans"]
 

@@ -6,12 +6,13 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic_ai.usage import RunUsage
 
-from .._results import jsonable
+from ..shared._results import jsonable
 from ._capabilities import call_through_hooks, instrumentation_of, instrumented_context
 from ._mcp import mcp_toolsets, reconnect_lost, schema_digest
 
 if TYPE_CHECKING:
-    from ._agent import CallDeps, CodeModeAgent
+    from ._agent import CodeModeAgent
+    from ._deps import CallDeps
 
 __all__ = ["call_tool"]
 

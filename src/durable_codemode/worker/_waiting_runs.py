@@ -22,14 +22,14 @@ from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
 from temporalio.service import RPCError
 
-from .._names import STATUS_MEMO, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING, WORKFLOW_TYPE
-from .._results import printable
-from .._signing import ApproverKeyring
-from .._types import AgentSpec
-from ..client._deploys import VERSION_SEARCH_ATTRIBUTE, version_label
-from ..client._visibility import STATUS_KEY, lacks_search_attributes, uses_search_attributes
-from ..history._events import read_run
-from ..history._fetch import fetch_history
+from .._deployments import VERSION_SEARCH_ATTRIBUTE, version_label
+from .._history_events import read_run
+from .._history_fetch import fetch_history
+from .._visibility import STATUS_KEY, lacks_search_attributes, uses_search_attributes
+from ..shared._names import STATUS_MEMO, STATUS_SEARCH_ATTRIBUTE, STATUS_WAITING, WORKFLOW_TYPE
+from ..shared._results import printable
+from ..shared._signing import ApproverKeyring
+from ..shared._types import AgentSpec
 
 __all__ = ["KeyProblem", "check_waiting_runs", "key_problems"]
 

@@ -22,13 +22,11 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
-from .._errors import CodeModeUserError
-from .._pool import POOL, PoolSettings, check_sandbox_binary
-from .._signing import ApproverKeyring
-from .._span_exports import WorkerSpans
-from .._telemetry import client_interceptors, has_tracing_interceptor, worker_interceptors
-from ..client._connect import connect
-from ..client._deploys import current_version, parse_version, version_label
+from .._deployments import current_version, parse_version, version_label
+from .._otel import client_interceptors, has_tracing_interceptor
+from ..shared._errors import CodeModeUserError
+from ..shared._names import DEFAULT_TASK_QUEUE
+from ..shared._signing import ApproverKeyring
 from ..workflow._approval_state import serve, serve_keyring
 from ..workflow._run import CodeModeRunWorkflow, PinnedCodeModeRunWorkflow
 from ..workflow._sandbox import close_repls
@@ -36,31 +34,32 @@ from ._activities import CodeModeActivities
 from ._agent import CodeModeAgent
 from ._approvers import ApprovalAuthority, ApproverDirectory, DirectorySource
 from ._mcp import McpServers
+from ._pool import POOL, PoolSettings, check_sandbox_binary
 from ._seal import repl_key_from_env
+from ._span_exports import WorkerSpans
 from ._span_settling import SpanRecordingRunner, settle_all, settle_spans
+from ._tracing import worker_interceptors
 from ._waiting_runs import start_check
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.messages import ModelResponse
 
-    from .._approvals import ApprovalDecision, BatchDecision
-    from .._carry import SealRequest, SealResult
-    from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult, ToolCallInput
+    from ..shared._activity_io import ModelRequestInput, ToolCallInput
+    from ..shared._approvals import ApprovalDecision, BatchDecision
+    from ..shared._carry import SealRequest, SealResult
+    from ..shared._records import RunResult
+    from ..shared._types import AgentSpec, RunInput
 
 __all__ = [
     "DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT",
     "DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS",
-    "DEFAULT_TASK_QUEUE",
     "CodeModePlugin",
-    "connect",
     "create_worker",
     "workflow_runner",
 ]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_TASK_QUEUE = "durable-codemode"
-"""The task queue runs go to unless told otherwise (also the bundled worker's)."""
 
 DEFAULT_MAX_CONCURRENT_WORKFLOW_TASKS = 4
 """Workflow tasks a worker runs at once, unless `max_concurrent_workflow_tasks` (or a `tuner`) is given.

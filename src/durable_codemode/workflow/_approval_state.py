@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
-from .._approvals import (
+from ..shared._approvals import (
     ApprovalDecision,
     ApprovalRecord,
     BatchDecision,
@@ -24,17 +24,17 @@ from .._approvals import (
     RecordedApproverPolicy,
     RejectedDecision,
 )
-from .._decisions import (
+from ..shared._decisions import (
     DecisionFieldError,
     read_batch,
     read_decision,
     rejected_entry,
     update_id_problem,
 )
-from .._errors import CodeModeUserError
-from .._names import call_digest, call_fingerprint
-from .._results import clip, printable
-from .._signing import ApproverKeyring, legacy_signing_payload, signing_payload
+from ..shared._errors import CodeModeUserError
+from ..shared._names import call_digest, call_fingerprint
+from ..shared._results import clip, printable
+from ..shared._signing import ApproverKeyring, legacy_signing_payload, signing_payload
 
 __all__ = ["RULE_GONE", "RULE_UNKNOWN", "ApprovalRuleSource", "Approvals", "DecisionRules", "approval_rule",
            "denial_message", "keyring_for", "rule_verdict", "serve", "serve_keyring", "served_agent", "served_agents"]

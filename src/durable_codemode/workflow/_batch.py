@@ -28,9 +28,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
-from .._names import BATCH_ACTIVITY, batch_activity_id
-from .._results import clip, printable
-from .._types import BatchedCall, BatchInput, BatchOutcome, BatchResult, ToolSpec
+from ..shared._activity_io import BatchedCall, BatchInput, BatchOutcome, BatchResult
+from ..shared._names import BATCH_ACTIVITY, batch_activity_id
+from ..shared._results import clip, printable
+from ..shared._types import ToolSpec
 from ._guards import args_bytes
 
 __all__ = ["MAX_BATCH_CALLS", "BatchAnswer", "ToolBatcher", "batch_timeout"]

@@ -22,8 +22,9 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 
-from .._approvals import ChildApprovals, ChildRun, PendingApproval
-from .._names import (
+from ..shared._activity_io import ChildDeps, ChildDepsInput
+from ..shared._approvals import ChildApprovals, ChildRun, PendingApproval
+from ..shared._names import (
     AGENT_MEMO,
     AGENT_SEARCH_ATTRIBUTE,
     CHILD_APPROVALS_SIGNAL,
@@ -35,7 +36,8 @@ from .._names import (
     child_deps_activity_id,
     child_run_id,
 )
-from .._types import ChildDeps, ChildDepsInput, RunInput, RunResult, ToolSpec
+from ..shared._records import RunResult
+from ..shared._types import RunInput, ToolSpec
 
 __all__ = ["ChildRunNotices", "ChildRuns"]
 

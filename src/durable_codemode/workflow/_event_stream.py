@@ -5,7 +5,7 @@ memory, with Temporal's own handlers to read it (a query, and a long-poll update
 run publishes to it, and how it stays exact:
 
 - **The workflow publishes what it decides, where it decides it** (this module is one of the run's observers,
-  `_telemetry.RunTelemetry`): a program's start and end, each nested call as the program makes it and as its answer
+  `_observers.RunTelemetry`): a program's start and end, each nested call as the program makes it and as its answer
   reaches the program, prints, approvals, child runs, compute escalation, the model's tool calls and their
   answers, the run's end. A workflow-side publish is an append to workflow memory: no command, no history event. A
   replay (after an eviction, a crash, on another worker) re-executes the same code over the same history, so it
@@ -52,9 +52,9 @@ with workflow.unsafe.imports_passed_through():
         ToolReturnPart,
     )
 
-    from .._names import RUN_CODE_TOOL
-    from .._results import call_arguments, one_line
-    from .._run_events import (
+    from ..shared._names import RUN_CODE_TOOL
+    from ..shared._results import call_arguments, one_line
+    from ..shared._run_events import (
         EVENTS_TOPIC,
         MAX_EVENT_TEXT,
         MAX_NAME,
@@ -78,15 +78,15 @@ with workflow.unsafe.imports_passed_through():
         bounded_text,
         model_topic_parts,
     )
-    from .._telemetry import RunTelemetry
+    from ._observers import RunTelemetry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse
 
-    from .._approvals import ApprovalRecord, PendingApproval
-    from .._types import CallRecord, RunResult
+    from ..shared._approvals import ApprovalRecord, PendingApproval
+    from ..shared._records import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["PUBLISH_SIGNAL", "RunEventStream", "StreamInfo"]
 

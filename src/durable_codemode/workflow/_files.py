@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic_monty import MontyFileHandle, StatResult
 
-from .._files import FILES_ROOT, CarriedFiles, FilesSpec, decode_contents, encode_contents
+from ..shared._files import FILES_ROOT, CarriedFiles, FilesSpec, decode_contents, encode_contents
 
 __all__ = ["FILE_FUNCTIONS", "RunFilesystem"]
 

@@ -24,10 +24,13 @@ from typing import Any
 
 from pydantic_core import to_json
 
+from ._sandbox_types import Settled
+
 __all__ = [
     "MAX_ANSWERS_WITHOUT_WAIT",
     "MAX_CALLS_IN_FLIGHT",
     "args_bytes",
+    "call_refusal",
     "non_json_problem",
     "output_overflow_message",
     "stopped_message",
@@ -101,3 +104,34 @@ def output_overflow_message(error: str, *, collector_cap: int, limit: int) -> st
     return (f"OutputLimitError: the program printed more than the {limit:,}-byte output limit "
             "(SnippetLimits.max_output_bytes) and was stopped at that print; the printed text up to there is "
             "shown. Print less: counts, ids or a summary, or return the value instead.")
+
+
+def call_refusal(name: str, kwargs: dict[str, Any], *, in_flight: int, limit: int | None,
+                 args_in_flight: dict[int, int]) -> tuple[Settled | None, int]:
+    """Why a call must not start (the exception the program gets, or `None`), and its argument bytes.
+
+    `in_flight`: the program's calls started and not yet settled; `limit`: `SnippetLimits.max_tool_args_bytes`;
+    `args_in_flight`: the argument bytes of those calls, by Monty call id. See the module docstring for what each
+    refusal prevents.
+    """
+    problem = non_json_problem(kwargs, "the arguments")
+    if problem is not None:
+        return {"exc_type": "TypeError", "message": f"{name}(): {problem}"}, 0
+    if in_flight >= MAX_CALLS_IN_FLIGHT:
+        return {"exc_type": "RuntimeError", "message": f"{name}(): {in_flight} tool calls are already in "
+                f"flight, the most a program may have at once; gather at most {MAX_CALLS_IN_FLIGHT} calls "
+                "at a time (in batches)"}, 0
+    if limit is None:
+        return None, 0
+    size = args_bytes(kwargs)
+    if size > limit:
+        return {"exc_type": "ValueError", "message": f"{name}(): the arguments are {size:,} bytes of JSON, "
+                f"over the {limit:,}-byte limit for one tool call (SnippetLimits.max_tool_args_bytes); pass "
+                "less per call (an id, a page, a slice), or have the tool fetch the data itself"}, 0
+    pending = sum(args_in_flight.values())
+    if pending + size > 2 * limit:
+        return {"exc_type": "RuntimeError", "message": f"{name}(): the calls in flight already carry "
+                f"{pending:,} bytes of arguments, and this one {size:,}, over the {2 * limit:,} bytes calls in "
+                "flight may carry at once (twice SnippetLimits.max_tool_args_bytes); await some of them "
+                "first, or gather fewer at a time"}, 0
+    return None, size

@@ -17,7 +17,7 @@
   starts waiting or the last one is decided, and once at the end (runs of behaviour version 2 on). A run started
   with neither (by an older client) writes nothing, so its history replays exactly as it was recorded.
 
-This module also hands the workflow's steps to the run's observers (`_telemetry.RunTelemetry`: spans, the history
+This module also hands the workflow's steps to the run's observers (`_observers.RunTelemetry`: spans, the history
 tools' replays), so the workflow has one hook per step.
 """
 
@@ -31,7 +31,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import is_cancelled_exception
 
-from .._names import (
+from ..shared._names import (
     STATUS_CANCELLED,
     STATUS_COMPLETED,
     STATUS_FAILED,
@@ -40,16 +40,16 @@ from .._names import (
     STATUS_SEARCH_ATTRIBUTE,
     STATUS_WAITING,
 )
-from .._results import clip, printable
-from .._telemetry import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
+from ..shared._results import clip, printable
+from ._observers import NO_TELEMETRY, ApprovalState, RunTelemetry, observe_run, run_telemetry
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelResponse, ToolCallPart, ToolReturnPart
 
-    from .._approvals import ApprovalRecord, PendingApproval
-    from .._types import CallRecord, RunResult
+    from ..shared._approvals import ApprovalRecord, PendingApproval
+    from ..shared._records import CallRecord, RunResult
     from ._approval_state import Approvals
-    from ._sandbox import Settled, SnippetOutcome
+    from ._sandbox_types import Settled, SnippetOutcome
 
 __all__ = ["RunProgress"]
 
@@ -147,7 +147,7 @@ class RunProgress:
     # -- hooks ---------------------------------------------------------------------------------------------------
 
     def start(self, approvals: Callable[[], ApprovalState]) -> None:
-        """First thing as the run starts: take its observers (`_telemetry.observe_run`), and show them its approvals."""
+        """First thing as the run starts: take its observers (`_observers.observe_run`), and show them its approvals."""
         self.telemetry = run_telemetry()
         self.telemetry.approvals(approvals)
 

@@ -12,13 +12,12 @@ import asyncio
 import hmac
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, NoReturn
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, VersioningBehavior
 from temporalio.exceptions import ActivityError, ApplicationError, CancelledError
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic_ai.exceptions import UsageLimitExceeded
@@ -27,86 +26,61 @@ with workflow.unsafe.imports_passed_through():
         ModelRequest,
         ModelRequestPart,
         ModelResponse,
-        RetryFeedbackPart,
-        RetryInfo,
-        TextPart,
         ToolCallPart,
-        ToolRetryCause,
         ToolReturnPart,
         UserPromptPart,
     )
     from pydantic_ai.usage import RunUsage, UsageLimits
 
-    from .._approvals import (
-        APPROVE_SIGNAL,
-        DECIDE_ALL_UPDATE,
-        DECIDE_UPDATE,
-        DENY_SIGNAL,
-        PENDING_APPROVALS_QUERY,
-        REJECTED_DECISIONS_QUERY,
-        ApprovalDecision,
-        ApprovalRecord,
-        ChildApprovals,
-        ChildRun,
-        PendingApproval,
-        RejectedDecision,
-    )
-    from .._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
-    from .._decisions import batch_of, decision_of
-    from .._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
-    from .._fingerprints import recorded_output
-    from .._names import (
-        AFTER_RUN_ACTIVITY,
-        CHILD_APPROVALS_SIGNAL,
-        CHILD_RUNS_QUERY,
-        DESCRIBE_AGENT_ACTIVITY,
-        MODEL_REQUEST_ACTIVITY,
-        OUTPUT_ACTIVITY,
-        OUTPUT_CHECK_SUMMARY,
-        RUN_CODE_TOOL,
-        RUN_ERROR_ACTIVITY,
-        SEAL_REPL_ACTIVITY,
-        STREAM_INFO_QUERY,
-        WORKFLOW_TYPE,
-        approval_verdict_marker,
-        tool_activity_id,
-    )
-    from .._results import PREVIEW_CHARS, call_summary, clip, one_line, preview, printable
-    from .._run_events import EventStreamSettings
-    from .._signing import ApproverKeyring
-    from .._telemetry import ApprovalState
-    from .._tool_usage import split_usage
-    from .._types import (
-        RECORDED_END_STATUS,
-        RECORDED_RULE_VERDICTS,
+    from ..shared._activity_io import (
         AfterRunInput,
-        AgentSpec,
-        CallRecord,
-        Continuation,
         ModelRequestInput,
         ModelStep,
         ModelStreamTarget,
         OutputInput,
         OutputVerdict,
         RunErrorInput,
-        RunInput,
         RunRecovery,
-        RunResult,
-        SnippetRecord,
-        ToolCallInput,
-        ToolSpec,
-        TurnRecord,
-        behavior_version_refusal,
-        bound_turns,
     )
-    from ._approval_state import Approvals, DecisionRules, approval_rule, denial_message, keyring_for, rule_verdict
+    from ..shared._carry import CarriedRepl, SealRequest, SealResult, carry_refused_note, digest
+    from ..shared._files import CARRY_WITHOUT_STORE_BYTES, CarriedFiles
+    from ..shared._names import (
+        AFTER_RUN_ACTIVITY,
+        DESCRIBE_AGENT_ACTIVITY,
+        MODEL_REQUEST_ACTIVITY,
+        OUTPUT_ACTIVITY,
+        OUTPUT_CHECK_SUMMARY,
+        RUN_ERROR_ACTIVITY,
+        SEAL_REPL_ACTIVITY,
+        STREAM_INFO_QUERY,
+        WORKFLOW_TYPE,
+    )
+    from ..shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord, bound_turns
+    from ..shared._results import clip, printable
+    from ..shared._run_events import EventStreamSettings
+    from ..shared._types import RECORDED_END_STATUS, AgentSpec, Continuation, RunInput, behavior_version_refusal
+    from ._approval_handlers import ApprovalHandlers
+    from ._approval_state import Approvals, DecisionRules
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
     from ._event_stream import RunEventStream, StreamInfo
     from ._files import RunFilesystem
+    from ._fingerprints import recorded_output
+    from ._loop import (
+        RunLoop,
+        copied,
+        count_response,
+        model_requests_exhausted,
+        run_code_args,
+        with_note,
+    )
+    from ._observers import ApprovalState
     from ._progress import RunProgress
-    from ._sandbox import CallSite, Repl, Settled, SnippetOutcome
+    from ._sandbox import Repl
+    from ._sandbox_sessions import sandbox_sessions
+    from ._sandbox_types import CallSite, Settled, SnippetOutcome
     from ._system_prompts import opening_parts, revalued
+    from ._tool_calls import RunTools
 
 __all__ = ["CodeModeRunWorkflow", "PinnedCodeModeRunWorkflow"]
 
@@ -120,27 +94,6 @@ _DESCRIBE_TIMEOUT = timedelta(seconds=30)
 _SEAL_TIMEOUT = timedelta(seconds=10)
 _OUTPUT_TIMEOUT = timedelta(minutes=5)
 """Output validators may do I/O (a lookup, another model): as long as a model request may take."""
-
-_NOT_RUN = "Tool not executed - a final result was already processed."
-"""What a function call of a run's final response returns when the output ended the run first (pydantic-ai's
-words for it), so the conversation's last response has an answer for each of its calls."""
-
-#: Exception names the sandbox knows, so a tool's `KeyError` is a `KeyError` inside the program too.
-_SANDBOX_EXCEPTIONS = frozenset({
-    "ArithmeticError", "AssertionError", "AttributeError", "FileExistsError", "FileNotFoundError",
-    "ImportError", "IndexError", "KeyError", "LookupError", "MemoryError", "NotImplementedError",
-    "OSError", "OverflowError", "PermissionError", "RecursionError", "RuntimeError", "TimeoutError",
-    "TypeError", "UnicodeDecodeError", "UnicodeEncodeError", "ValueError", "ZeroDivisionError",
-})
-
-
-def _raised(name: str | None, message: str) -> Settled:
-    """The exception a program gets for a tool failure of type `name` (the same for single and batched calls)."""
-    name = name or "RuntimeError"
-    if name in _SANDBOX_EXCEPTIONS:
-        return {"exc_type": name, "message": message}
-    return {"exc_type": "RuntimeError", "message": f"{name}: {message}"}
-
 
 async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type | None, summary: str) -> Any:
     """Run an output-deciding activity (the output check, `after_run`), whose final failure is the run's.
@@ -160,24 +113,6 @@ async def _run_deciding_activity(activity: str, arg: Any, *, result_type: type |
         raise
 
 
-def _check_counted(limits: UsageLimits, usage: RunUsage) -> None:
-    """Whether a run may start another tool call, now that its tools' sub-agent runs are counted in its usage.
-
-    Only a tool's own model use (`_tool_usage`) can take a run past its request or token limits between two
-    model requests (each request checks them before and after), so an ordinary run never fails here; one whose
-    programs delegate in a loop stops at the first call past a limit instead of at its next model request.
-    """
-    limits.check_tokens(usage)
-    if limits.request_limit is not None and usage.requests > limits.request_limit:
-        raise UsageLimitExceeded(f"Exceeded the request_limit of {limits.request_limit} (requests={usage.requests}), "
-                                 "counting the requests of the run's tools' own agent runs")
-
-
-def _copied(usage: RunUsage | None) -> RunUsage:
-    """A run's starting usage (`RunInput.usage`), as a copy the run may count into: the input itself is carried on."""
-    return RunUsage() if usage is None else replace(usage, details=dict(usage.details))
-
-
 def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
     """The type and message a run's failure has: its own, or its activity's cause's (a model request's)."""
     failure = error.cause if isinstance(error, ActivityError) and error.cause is not None else error
@@ -186,19 +121,8 @@ def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
     return type(failure).__name__, str(failure)
 
 
-def _tool_error(tool: str, error: ActivityError) -> Settled:
-    cause = error.cause
-    if isinstance(cause, ApplicationError):
-        return _raised(cause.type, cause.message)
-    if isinstance(cause, TemporalTimeoutError):
-        return {"exc_type": "TimeoutError", "message": f"{tool}() timed out, and retries did not help"}
-    if isinstance(cause, CancelledError):
-        return {"exc_type": "RuntimeError", "message": f"{tool}() was cancelled"}
-    return {"exc_type": "RuntimeError", "message": f"{tool}() failed: {cause or error}"}
-
-
 @workflow.defn(name=WORKFLOW_TYPE)
-class CodeModeRunWorkflow:
+class CodeModeRunWorkflow(ApprovalHandlers):
     """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`.
 
     Workers of a Worker Deployment serve it as `PinnedCodeModeRunWorkflow`, the same workflow declared pinned.
@@ -213,18 +137,16 @@ class CodeModeRunWorkflow:
         self._deps: Any = None
         self._usage = RunUsage()
         self._usage_limits: UsageLimits | None = None
-        self._output_retries = 0
-        self._tool_retries: dict[str, int] = {}
+        self._run_loop = RunLoop(None, None, workflow.now)
+        """What the model's responses mean, and the retry budgets (`_loop`): made again when the run knows its spec."""
         self._approvals = Approvals()
-        self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_telemetry)
+        self._progress = RunProgress(lambda: self._approvals)  # current details, status, spans (_observers)
         self._files: RunFilesystem | None = None
         self._output_tool_name: str | None = None
         self._children = ChildRuns()
         self._started_by: str | None = None
-        self._batcher: ToolBatcher | None = None
-        """Batches of calls to `ToolOptions(batch=True)` tools, made when the run knows its agent (`run`)."""
-        self._ruled_calls = 0
-        """Calls to tools with an approval rule so far in this workflow run (`approval_verdict_marker`)."""
+        self._tools: RunTools | None = None
+        """The run's tool calls (`_tool_calls`), made when the run knows its agent (`run`)."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -236,135 +158,11 @@ class CodeModeRunWorkflow:
             # What the run used rides along: a parent counts what its child run used before stopping (`_child_runs`).
             raise ApplicationError(str(e), self._usage, type="UsageLimitExceeded", non_retryable=True) from e
 
-    # -- approvals ---------------------------------------------------------------------------------------------
-
-    @workflow.query(name=PENDING_APPROVALS_QUERY)
-    def pending_approvals(self) -> list[PendingApproval]:
-        """The calls of this run waiting for a decision, with their arguments and the program that made them.
-
-        Only its own: the calls its child runs wait on are read from each child (`child_runs`,
-        `durable_codemode.pending_approvals`), never from what someone signalled.
-        """
-        return list(self._approvals.pending.values())
-
-    @workflow.query(name=CHILD_RUNS_QUERY)
-    def child_runs(self) -> list[ChildRun]:
-        """The child runs this run started and waits on (`child_run_tool`), where their calls are read."""
-        return list(self._children.running.values())
-
-    def _told_parent(self) -> list[PendingApproval]:
-        """What this run tells its parent it waits on (`ChildRuns.tell_parent`).
-
-        Its calls and, as its children signalled, theirs: as recorded runs told it, so a replay sends the same.
-        """
-        return [*self._approvals.pending.values(), *self._children.waiting()]
-
-    @workflow.signal(name=CHILD_APPROVALS_SIGNAL)
-    def child_approvals(self, news: ChildApprovals) -> None:
-        """A child run's calls waiting for a person, as it says: passed on to our parent, listed by no one."""
-        self._children.heard(news)
-        self._children.tell_parent(self._told_parent())
-
     @workflow.query(name=STREAM_INFO_QUERY)
     def stream_info(self) -> StreamInfo:
         """Whether the run streams its events, and the offsets its stream keeps (`durable_codemode.stream_events`)."""
         return replace(self._events.info(), calls=self._usage.tool_calls)
 
-    @workflow.query(name=REJECTED_DECISIONS_QUERY)
-    def rejected_decisions(self) -> list[RejectedDecision]:
-        """Recent decisions this run refused, with why (kept in the worker's memory: see `Approvals.rejected`)."""
-        return list(self._approvals.rejected)
-
-    @workflow.update(name=DECIDE_UPDATE)
-    def decide(self, decision: Any) -> ApprovalRecord:
-        """Approve or deny one waiting call (an `ApprovalDecision` as JSON); returns the audit record.
-
-        The input is taken as plain JSON so the validator, not the payload converter, reads it: a malformed
-        field is then refused by name (`_decisions`) instead of failing to decode.
-        """
-        record = self._approvals.decide(decision_of(decision), via="update")
-        self._show_details()
-        return record
-
-    @decide.validator
-    def _validate_decision(self, decision: Any) -> None:
-        """Reject an update whose decision may not be taken, before it enters the history; say why.
-
-        Signatures are checked here with this worker's keys: a replay never runs a validator again, so it never
-        needs them. A rejection is final (not retryable): sending the same decision again cannot succeed.
-        """
-        self._refuse_a_childs_call(decision)
-        self._approvals.checked(decision, update_id=self._update_id(), keyring=self._keyring())
-
-    def _refuse_a_childs_call(self, decision: Any) -> None:
-        """A decision sent to this run about no call of its own while it has child runs: refused, saying where to.
-
-        Which child holds the call is the child's to say (this run knows only whom it started), so the refusal
-        names the children, and is listed by `rejected_decisions` like every refusal.
-        """
-        call_id = decision.get("call_id") if isinstance(decision, dict) else getattr(decision, "call_id", None)
-        children = sorted(self._children.running)
-        if not children or not isinstance(call_id, str) or call_id in self._approvals.asked():
-            return
-        shown = printable(clip(call_id, 80))
-        if len(children) == 1:
-            child = children[0]
-            where = (f"it may wait in this run's child run {child!r} (a sub-agent it asked): decide it there, "
-                     f"decide(client, {child!r}, {shown!r}) or `codemode approve {child} {shown}`")
-        else:
-            named = ", ".join(repr(c) for c in children[:5]) + (f" and {len(children) - 5} more" if len(children) > 5
-                                                                else "")
-            where = (f"it may wait in one of this run's child runs ({named}): decide it on the run it waits in; "
-                     f"`codemode approvals {workflow.info().workflow_id}` lists each call with its run")
-        self._approvals.refuse(decision, f"call {shown!r} is not one of this run's; {where}")
-
-    @staticmethod
-    def _keyring() -> ApproverKeyring:
-        return keyring_for(workflow.info().task_queue) or ApproverKeyring({})
-
-    @staticmethod
-    def _update_id() -> str:
-        info = workflow.current_update_info()
-        assert info is not None, "called from an update's validator"
-        return info.id
-
-    @workflow.update(name=DECIDE_ALL_UPDATE)
-    def decide_all(self, batch: Any) -> list[ApprovalRecord]:
-        """Approve or deny every waiting call at once (a `BatchDecision` as JSON)."""
-        decisions = self._approvals.batch_decisions(batch_of(batch))
-        records = [self._approvals.decide(decision, via="update") for decision in decisions]
-        self._show_details()
-        return records
-
-    @decide_all.validator
-    def _validate_batch(self, batch: Any) -> None:
-        self._approvals.checked_batch(batch, update_id=self._update_id(), keyring=self._keyring())
-
-    @workflow.signal(name=APPROVE_SIGNAL)
-    def approve(self, decision: ApprovalDecision) -> None:
-        """Approve one waiting call (fire-and-forget; an invalid decision is recorded and ignored)."""
-        self._signal(decision, approved=True)
-
-    @workflow.signal(name=DENY_SIGNAL)
-    def deny(self, decision: ApprovalDecision) -> None:
-        """Deny one waiting call (fire-and-forget; an invalid decision is recorded and ignored)."""
-        self._signal(decision, approved=False)
-
-    def _signal(self, decision: ApprovalDecision, *, approved: bool) -> None:
-        decision = replace(decision, approved=approved)
-        # No keys: a replay runs signal handlers again, so their checks may use only what the run recorded.
-        problem = self._approvals.refusal(decision, keyring=None)
-        if problem:
-            # Never raise from a signal handler: that fails the workflow task, forever.
-            self._approvals.ignored_signals.append(problem)
-            workflow.logger.warning("ignored approval signal: %s", problem)
-            return
-        self._approvals.decide(replace(decision, key_id=None, signature=None), via="signal")
-        self._show_details()
-
-    def _show_details(self) -> None:
-        self._progress.show()
-        self._children.tell_parent(self._told_parent())  # a child run: its parent hears of these calls, as it did
 
     @workflow.run
     async def run(self, input: RunInput) -> RunResult[Any]:
@@ -383,7 +181,7 @@ class CodeModeRunWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary=printable(f"describe agent {clip(input.agent, 200)}"),
             )
-            cont = Continuation(spec=spec, usage=_copied(input.usage), turns=[],
+            cont = Continuation(spec=spec, usage=copied(input.usage), turns=[],
                                 runs=0, new_message_index=len(input.message_history))
         self._spec = spec = cont.spec
         if (refusal := behavior_version_refusal(spec, workflow.info().workflow_id)) is not None:
@@ -395,10 +193,9 @@ class CodeModeRunWorkflow:
             self._progress.observe(self._events)
         self._deps = input.deps
         self._started_by = input.started_by
-        self._batcher = ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes)
         self._usage, self._usage_limits = cont.usage, input.usage_limits
-        self._output_retries = cont.output_retries
-        self._tool_retries = dict(cont.tool_retries)
+        self._run_loop = RunLoop(spec.output, spec.instructions, workflow.now, output_retries=cont.output_retries,
+                                 tool_retries=dict(cont.tool_retries))
         self._approvals = Approvals(cont.approvals, DecisionRules(
             policy_of=lambda tool: getattr(spec.tool(tool), "approvers", None), signed=spec.signed_approvals,
             starter=input.started_by))
@@ -421,12 +218,18 @@ class CodeModeRunWorkflow:
             )
         if spec.files is not None:
             self._files = RunFilesystem(spec.files, cont.files)
-        repl = Repl(spec, self._start_tool, awaiting_person=lambda call_id: call_id in self._approvals.pending,
+        self._tools = RunTools(
+            spec=spec, deps=self._deps, started_by=self._started_by, usage=self._usage, limits=self._usage_limits,
+            approvals=self._approvals, progress=self._progress, children=self._children, events=self._events,
+            batcher=ToolBatcher(spec.agent, input.deps, args_limit=spec.limits.max_tool_args_bytes),
+            loop=self._run_loop, check_usage=self._check_usage, show_details=self._show_details)
+        repl = Repl(spec, self._start_tool, sandbox_sessions(),
+                    awaiting_person=lambda call_id: call_id in self._approvals.pending,
                     files=self._files, notices=self._progress)
         if cont.repl is not None:
             refused = await self._restore_repl(cont.repl, repl)
             if refused is not None:
-                messages = self._with_note(messages, carry_refused_note(refused))
+                messages = with_note(messages, carry_refused_note(refused), workflow.now())
         try:
             return await self._progress.run(self._body(input, cont, messages, repl), agent=spec.agent,
                                             run_index=cont.runs,
@@ -443,18 +246,6 @@ class CodeModeRunWorkflow:
         if input.stream is True:
             return spec.stream or EventStreamSettings()
         return spec.stream
-
-    @staticmethod
-    def _count(usage: RunUsage, response: ModelResponse) -> None:
-        """Add one model request, and its usage, to the run's, with the failed attempts it records (they were billed).
-
-        As `agent.run()` counts them: a `ModelFallback` or `FallbackModel` moved on from them.
-        """
-        usage.incr(response.usage)
-        usage.requests += 1
-        for attempt in response.failed_attempts or ():
-            if attempt.usage is not None:
-                usage.incr(attempt.usage)
 
     async def _body(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
@@ -485,19 +276,18 @@ class CodeModeRunWorkflow:
     async def _loop(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], repl: Repl
     ) -> Any:
-        """Model requests and their tool calls until the output is decided: the decided output (JSON)."""
-        spec = cont.spec
+        """Model requests and their tool calls until the output is decided: the decided output (JSON).
+
+        What each response means is `RunLoop`'s to say (`_loop`); this drives it with activities and the REPL.
+        """
+        spec, loop = cont.spec, self._run_loop
         limits = spec.limits
         usage, turns = cont.usage, cont.turns
         snippets_this_run = 0
         while True:
             self._check_usage(lambda u: u.check_before_request(usage))
-            if usage.requests >= limits.max_model_requests:
-                raise ApplicationError(
-                    f"the run made {usage.requests} model requests, its limit (SnippetLimits."
-                    "max_model_requests); the model may be looping. Raise the limit if the task needs more.",
-                    type="ModelRequestLimitExceeded", non_retryable=True,
-                )
+            if (exhausted := model_requests_exhausted(usage, limits.max_model_requests)) is not None:
+                raise ApplicationError(exhausted, type="ModelRequestLimitExceeded", non_retryable=True)
             if snippets_this_run >= limits.max_snippets_per_run or workflow.info().is_continue_as_new_suggested():
                 await self._continue_as_new_between_turns(input, cont, messages, repl)
             index = len(turns)
@@ -510,7 +300,7 @@ class CodeModeRunWorkflow:
                                   deps=input.deps, model_settings=input.model_settings, output=spec.output,
                                   hooks=hooked, usage=usage if hooked else None,
                                   run_step=usage.requests + 1 if hooked else 0,
-                                  output_retries=self._output_retries if hooked else 0,
+                                  output_retries=loop.output_retries if hooked else 0,
                                   native_tools=spec.native_tools, stream=self._model_stream(index)),
                 result_type=ModelStep if hooked else ModelResponse,
                 start_to_close_timeout=_MODEL_TIMEOUT,
@@ -524,54 +314,42 @@ class CodeModeRunWorkflow:
                     messages[:] = answer.messages
                 if answer.response is None or answer.retry is not None:
                     if answer.response is not None:
-                        self._count(usage, answer.response)
+                        count_response(usage, answer.response)
                         messages.append(answer.response)
                     assert answer.retry is not None, "a model step without a response asks for a retry"
-                    self._output_retries += 1
-                    messages.append(self._request(list(answer.retry.parts)))
+                    messages.append(loop.hook_retry(answer.retry))
                     continue
                 response = answer.response
             else:
                 response = answer
-            self._count(usage, response)
+            count_response(usage, response)
             self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
-            text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
-            turn = TurnRecord(index=index, text=text)
+            reading = loop.read(response)
+            turn = TurnRecord(index=index, text=reading.text)
             turns.append(turn)
-            calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
-            out = spec.output
-            if out is None and not calls:
-                if text:
-                    return text
-                messages.append(self._request([RetryFeedbackPart(
-                    "Your response had neither text nor a tool call; answer in text or call a tool.",
-                    retry=RetryInfo("no_output"))]))
+            if reading.answer is not None:
+                return reading.answer
+            if reading.empty:
+                messages.append(loop.no_output())
                 continue
-            # With an output spec, pydantic-ai's own output processing (the output activity) decides what ends the
-            # run; the response's function tool calls (run_code, native tools) run here as before.
-            functions = calls if out is None else [c for c in calls if c.tool_name not in out.tool_names]
-            output_calls = [c for c in calls if c not in functions]
+            calls, functions, output_calls = reading.calls, reading.functions, reading.output_calls
             retry_parts: list[ModelRequestPart] = []
-            if out is not None and (not functions or (out.end_strategy == "early" and (
-                    output_calls or (out.structured_text and text)))):
-                # Text beside function calls is an answer only if it is a valid one (`early`, as in pydantic-ai).
-                maybe_text = bool(functions) and not output_calls
+            if reading.check_first:
                 verdict = await self._check_output(input, messages[:-1], response, functions, index,
-                                                   counts=not maybe_text)
+                                                   counts=not reading.maybe_text)
                 if verdict.retry is None:
                     return self._closed(messages, calls, verdict, [])
                 if not functions:
-                    messages.append(self._request(list(verdict.retry.parts)))
+                    messages.append(loop.request(list(verdict.retry.parts)))
                     continue
-                retry_parts = [] if maybe_text else list(verdict.retry.parts)
-                output_calls = []
+                retry_parts = [] if reading.maybe_text else list(verdict.retry.parts)
             parts: list[ModelRequestPart] = []
             self._progress.tool_calls(functions)
-            direct = [c for c in functions if c.tool_name != RUN_CODE_TOOL]
+            direct = [c for c in functions if not loop.is_run_code(c)]
             direct_results = [asyncio.ensure_future(self._direct_call(c)) for c in direct]
             for call in functions:
-                if call.tool_name != RUN_CODE_TOOL:
+                if not loop.is_run_code(call):
                     continue
                 snippets_this_run += 1
                 part, outcome = await self._run_code(call, repl, turn)
@@ -580,24 +358,21 @@ class CodeModeRunWorkflow:
                 parts.append(part)
                 if outcome is not None and outcome.ends_run:
                     # Every tool call of the response needs an answer, or the next request is malformed.
-                    answered = {getattr(p, "tool_call_id", None) for p in parts}
-                    for other in calls:
-                        if other.tool_call_id not in answered:
-                            parts.append(self._return(other, {"error": "not run: the run was restarted first"}))
+                    restarted = loop.restarted(calls, parts)
                     for future in direct_results:
                         future.cancel()
-                    messages.append(self._request(self._in_call_order(calls, parts)))
+                    messages.append(restarted)
                     self._continue_as_new(input, cont, messages, note=outcome.kind)
             for part, record in await asyncio.gather(*direct_results):
                 parts.append(part)
                 turn.direct_calls.append(record)
             if output_calls:  # end_strategy graceful / exhaustive: the function tools ran first
-                verdict = await self._output_after_functions(input, messages[:-1], response, functions, parts,
-                                                             output_calls, index)
+                verdict = (loop.suppressed_output(parts, output_calls)
+                           or await self._check_output(input, messages[:-1], response, functions, index))
                 if verdict.retry is None:
                     return self._closed(messages, calls, verdict, parts)
                 retry_parts = list(verdict.retry.parts)
-            messages.append(self._request(self._in_call_order(calls, parts + retry_parts)))
+            messages.append(loop.request(loop.in_call_order(calls, parts + retry_parts)))
 
     def _model_stream(self, turn: int) -> ModelStreamTarget | None:
         settings = self._events.settings
@@ -627,11 +402,8 @@ class CodeModeRunWorkflow:
         continued (`RunResult.all_messages()`). Verdicts recorded before `closing` existed add nothing.
         """
         self._output_tool_name = verdict.output_tool
-        if verdict.closing is not None:
-            parts = [*answered, *verdict.closing.parts]
-            done = {getattr(p, "tool_call_id", None) for p in parts}
-            parts += [self._return(c, _NOT_RUN) for c in calls if c.tool_call_id not in done]
-            messages.append(replace(verdict.closing, parts=self._in_call_order(calls, parts)))
+        if (closing := self._run_loop.closing(calls, verdict, answered)) is not None:
+            messages.append(closing)
         return verdict.output
 
     def _result(self, output: Any, cont: Continuation, messages: list[ModelMessage]) -> RunResult[Any]:
@@ -640,20 +412,6 @@ class CodeModeRunWorkflow:
                          approvals=self._approvals.audit, messages=list(messages),
                          new_message_index=min(cont.new_message_index, len(messages)),
                          output_tool_name=self._output_tool_name, run_id=workflow.info().workflow_id)
-
-    async def _output_after_functions(
-        self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
-        parts: list[ModelRequestPart], output_calls: list[ToolCallPart], index: int,
-    ) -> OutputVerdict:
-        """Check the output calls of a response whose function calls ran (end_strategy `graceful`/`exhaustive`).
-
-        As in pydantic-ai, a function call that asked for a retry suppresses the output: the model hears why.
-        """
-        if any(isinstance(p, ToolReturnPart) and p.outcome == "retried" for p in parts):
-            return OutputVerdict(retry=ModelRequest(parts=[
-                self._retry(c, "Output tool not used: a function tool call of the same response asked for a retry "
-                               "first.", "model_retry") for c in output_calls]))
-        return await self._check_output(input, before, response, functions, index)
 
     async def _check_output(
         self, input: RunInput, before: list[ModelMessage], response: ModelResponse, functions: list[ToolCallPart],
@@ -666,52 +424,26 @@ class CodeModeRunWorkflow:
         """
         assert self._spec is not None
         shape = recorded_output(self._spec.output)
-        run_here = {id(c) for c in functions}
-        candidate = replace(response, parts=[p for p in response.parts if id(p) not in run_here])
+        candidate = self._run_loop.output_candidate(response, functions)
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
             OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
-                        retries=self._output_retries, deps=input.deps, model_settings=input.model_settings,
+                        retries=self._run_loop.output_retries, deps=input.deps, model_settings=input.model_settings,
                         output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
             summary=f"{OUTPUT_CHECK_SUMMARY}{index}",
         )
-        if verdict.retry is not None and counts:
-            self._output_retries += 1
+        self._run_loop.output_checked(verdict, counts=counts)
         return verdict
-
-    @staticmethod
-    def _in_call_order(calls: list[ToolCallPart], parts: list[ModelRequestPart]) -> list[ModelRequestPart]:
-        order = {c.tool_call_id: i for i, c in enumerate(calls)}
-        return sorted(parts, key=lambda p: order.get(getattr(p, "tool_call_id", ""), len(order)))
-
-    def _request(self, parts: list[ModelRequestPart]) -> ModelRequest:
-        assert self._spec is not None
-        return ModelRequest(parts=parts, instructions=self._spec.instructions, timestamp=workflow.now())
-
-    @staticmethod
-    def _return(call: ToolCallPart, content: Any) -> ToolReturnPart:
-        return ToolReturnPart(tool_name=call.tool_name, content=content, tool_call_id=call.tool_call_id,
-                              timestamp=workflow.now())
-
-    @staticmethod
-    def _retry(call: ToolCallPart, message: str, cause: ToolRetryCause) -> ToolReturnPart:
-        """Answer `call` with a request to try again (pydantic-ai's retried tool return)."""
-        return ToolReturnPart(tool_name=call.tool_name, content=message, tool_call_id=call.tool_call_id,
-                              timestamp=workflow.now(), outcome="retried", retry=RetryInfo(cause))
 
     async def _run_code(
         self, call: ToolCallPart, repl: Repl, turn: TurnRecord
     ) -> tuple[ModelRequestPart, SnippetOutcome | None]:
-        try:
-            args = call.args_as_dict()
-        except ValueError:
-            args = {}
-        code, restart = args.get("code"), args.get("restart", False)
-        if not isinstance(code, str) or not isinstance(restart, bool) or set(args) - {"code", "restart"}:
-            message = f"run_code takes {{'code': str, 'restart': bool (optional)}}; got {preview(call.args)}"
+        args, refused = run_code_args(call)
+        if refused is not None:
             self._progress.run_code_refused(call_id=call.tool_call_id, args=args)
-            return self._retry(call, message, "validation_error"), None
+            return self._run_loop.retried(call, refused, "validation_error"), None
+        code, restart = args["code"], args.get("restart", False)
         outcome = await self._progress.snippet(repl.run(code, run_code_id=call.tool_call_id, restart=restart),
                                                call_id=call.tool_call_id, code=code)
         turn.snippets.append(SnippetRecord(call_id=call.tool_call_id, code=code, outcome=outcome.kind,
@@ -719,181 +451,19 @@ class CodeModeRunWorkflow:
                                            computed_seconds=outcome.computed_seconds, files=outcome.files,
                                            files_omitted=outcome.files_omitted))
         if outcome.kind == "rejected":
-            return self._retry(call, outcome.content, "validation_error"), outcome
-        return self._return(call, outcome.content), outcome
-
-    async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
-        part, record = await self._direct_call_answer(call)
-        self._progress.tool_returned(part)
-        return part, record
-
-    async def _direct_call_answer(self, call: ToolCallPart) -> tuple[ToolReturnPart, CallRecord]:
-        assert self._spec is not None
-        tool = self._spec.tool(call.tool_name)
-        now = workflow.now()
-        if tool is None or tool.in_sandbox:
-            known = sorted(t.name for t in self._spec.model_tools)
-            message = f"Unknown tool {call.tool_name!r}; the tools are: {', '.join(known)}."
-            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
-                                status="error", result=message, started_at=now, finished_at=now)
-            return self._retry(call, message, "unknown_tool"), record
-        try:
-            args = call.args_as_dict()
-        except ValueError as e:
-            record = CallRecord(call_id=call.tool_call_id, tool=call.tool_name, args=preview(call.args),
-                                status="error", result=str(e), started_at=now, finished_at=now)
-            self._count_tool_retry(tool)
-            return self._retry(call, f"The arguments are not valid JSON: {e}", "validation_error"), record
-        settled, record = await self._start_tool(call.tool_name, args, call.tool_call_id, CallSite(code="", line=0))
-        if "return_value" in settled:
-            self._tool_retries.pop(tool.name, None)
-            return self._return(call, settled["return_value"]), record
-        if record.status != "denied":  # a person's decision, not a mistake of the model's
-            self._count_tool_retry(tool)
-        return self._retry(call, f"{settled['exc_type']}: {settled.get('message', '')}", "model_retry"), record
-
-    def _count_tool_retry(self, tool: ToolSpec) -> None:
-        """Count one retry of a direct call of `tool`; past its budget the run fails, as pydantic-ai's does."""
-        if tool.max_retries is None:  # recorded before the budget was: unbounded, as it ran
-            return
-        used = self._tool_retries.get(tool.name, 0)
-        if used >= tool.max_retries:
-            raise ApplicationError(
-                f"Tool {tool.name!r} exceeded max retries count of {tool.max_retries}: the model was asked to retry "
-                f"it {used} times in a row. Raise Agent(retries=...) or the tool's max_retries if it needs more.",
-                type="UnexpectedModelBehavior", non_retryable=True)
-        self._tool_retries[tool.name] = used + 1
+            return self._run_loop.retried(call, outcome.content, "validation_error"), outcome
+        return self._run_loop.returned(call, outcome.content), outcome
 
     def _start_tool(
         self, tool: str, args: dict[str, Any], call_id: str, site: CallSite
     ) -> Coroutine[Any, Any, tuple[Settled, CallRecord]]:
-        """Start one tool call: register its approval at once if it needs one, then run it as its activity."""
-        self._progress.call_made(tool=tool, call_id=call_id, args=args, code=site.code, line=site.line)
-        assert self._spec is not None
-        spec = self._spec.tool(tool)
-        assert spec is not None, f"tool {tool!r} is not in the recorded spec"
-        if self._usage_limits is not None:  # (a copy of the usage per call costs more than the check)
-            projected = replace(self._usage, tool_calls=self._usage.tool_calls + 1)
-            self._check_usage(lambda u: u.check_before_tool_call(projected))
-            self._check_usage(lambda u: _check_counted(u, self._usage))
-        self._usage.tool_calls += 1
-        wait = None
-        pending = None
-        if spec.requires_approval or (spec.approval_rule and self._gated_by_rule(tool, call_id, args)):
-            now = workflow.now()
-            pending = PendingApproval(
-                call_id=call_id, tool=tool, args=args, code=site.code, line=site.line, requested_at=now,
-                expires_at=now + spec.approval_timeout if spec.approval_timeout else None)
-            # Registered before the program next waits, so the REPL knows the program waits on a person.
-            self._approvals.pending[call_id] = pending
-            self._show_details()
-            wait = self._approvals.wait(pending, spec.approval_timeout)
-        elif spec.child_run is not None:  # with the child runs made beside it, it shares the usage limits' rest
-            self._children.expect(call_id)
-        call = self._progress.call(lambda: self._call_tool(spec, args, call_id, wait), tool=tool, call_id=call_id,
-                                   args=args)
-        if pending is not None:  # told after the call itself, which it belongs to
-            self._progress.approval_waiting(pending, policy=spec.approvers.describe() if spec.approvers else None)
-        return call
+        """Start one tool call of a program (the REPL's `start_tool`): `RunTools.start`."""
+        assert self._tools is not None, "a run calls tools only once it knows its agent"
+        return self._tools.start(tool, args, call_id, site)
 
-    def _gated_by_rule(self, tool: str, call_id: str, args: dict[str, Any]) -> bool:
-        """Whether `tool`'s approval rule sends this call to a person: decided once, live, and recorded.
-
-        Live, the rule is asked (`rule_verdict`) and a call it gates records a marker (`approval_verdict_marker`);
-        a replay reads the marker instead of asking the rule, so a deploy that changes or drops the rule never
-        changes an old run's replay, and a replay needs no rule. Runs recorded before (behaviour version 1) ask the
-        rule on every replay, as they ran.
-        """
-        assert self._spec is not None
-        if self._spec.behavior_version < RECORDED_RULE_VERDICTS:
-            return approval_rule(self._spec.agent, tool)(args)
-        self._ruled_calls += 1
-        marker = approval_verdict_marker(self._ruled_calls, call_id)
-        if workflow.unsafe.is_replaying():
-            return workflow.patched(marker)
-        gated, why = rule_verdict(self._spec.agent, tool, args)
-        if why is not None:
-            workflow.logger.warning("run %s, call %s: %s", workflow.info().workflow_id, call_id, why)
-        if gated:
-            workflow.patched(marker)
-        return gated
-
-    async def _call_tool(
-        self, spec: ToolSpec, args: dict[str, Any], call_id: str,
-        approval: Coroutine[Any, Any, ApprovalRecord] | None,
-    ) -> tuple[Settled, CallRecord]:
-        """Run one tool call as its activity and settle it as a Monty answer; never raises a tool's error."""
-        assert self._spec is not None
-        tool = spec.name
-        if approval is not None:
-            decision = await approval
-            self._show_details()
-            if not decision.approved:
-                message = denial_message(decision)
-                return {"exc_type": "PermissionError", "message": message}, CallRecord(
-                    call_id=call_id, tool=tool, args=preview(args), status="denied", result=message,
-                    started_at=decision.requested_at, finished_at=decision.decided_at)
-        options: dict[str, Any] = {
-            "start_to_close_timeout": spec.timeout,
-            "retry_policy": spec.retry_policy,
-            "activity_id": tool_activity_id(call_id, tool, args),
-        }
-        if spec.heartbeat_timeout is not None and not spec.local:
-            options["heartbeat_timeout"] = spec.heartbeat_timeout
-        args_text = one_line(args)  # once per call: the record's preview
-        # The tool and call id are in the activity's type and id already. Temporal does not compare a summary on
-        # replay, so runs recorded with the older summaries (`get("i": 0)`) replay unchanged.
-        options["summary"] = call_summary(tool, args)
-        payload = ToolCallInput(args=args, deps=self._deps, schema_digest=spec.schema_digest)
-        started = workflow.now()
-        status: Any = "ok"
-        settled: Settled
-        if spec.child_run is not None:  # a `child_run_tool`: the sub-agent's run, as a child workflow
-            child, error = await self._children.run(spec, args, call_id, started_by=self._started_by,
-                                                    agent=self._spec.agent, deps=self._deps,
-                                                    limits=self._usage_limits, usage=self._usage,
-                                                    progress=self._progress, stream=self._events.streams)
-            if child is None:
-                assert error is not None
-                settled, status = _raised(error["exc_type"], error["message"]), "error"
-            else:
-                settled = {"return_value": child.output}
-            return settled, self._record(call_id, tool, args_text, settled, status, started)
-        if spec.batch and spec.in_sandbox and approval is None:
-            assert self._batcher is not None, "a run batches calls only once it knows its agent"
-            answer = await self._batcher.submit(spec, call_id, args)
-            if answer is not None:  # else a batch of one, or a deferred result: its own activity, below
-                if isinstance(answer, ActivityError):
-                    settled, status = _tool_error(tool, answer), "error"
-                elif answer.kind == "ok":
-                    settled = {"return_value": answer.value}
-                    if answer.usage is not None:
-                        self._usage.incr(answer.usage)
-                else:
-                    settled, status = _raised(answer.error_type, answer.message or ""), "error"
-                return settled, self._record(call_id, tool, args_text, settled, status, started)
-        try:
-            if spec.local:
-                result = await workflow.execute_local_activity(spec.activity_type, payload, **options)
-            else:
-                result = await workflow.execute_activity(spec.activity_type, payload, **options)
-            value, added = split_usage(result)  # what a sub-agent run of the tool used counts in the run's usage
-            if added is not None:
-                self._usage.incr(added)
-            settled = {"return_value": value}
-        except ActivityError as e:
-            settled, status = _tool_error(tool, e), "error"
-        except asyncio.CancelledError:
-            raise
-        return settled, self._record(call_id, tool, args_text, settled, status, started)
-
-    @staticmethod
-    def _record(call_id: str, tool: str, args_text: str, settled: Settled, status: Any,
-                started: datetime) -> CallRecord:
-        result = preview(settled.get("return_value")) if status == "ok" else (
-            f"{settled['exc_type']}: {settled.get('message', '')}")
-        return CallRecord.made(call_id=call_id, tool=tool, args=clip(args_text, PREVIEW_CHARS), status=status,
-                               result=result, started_at=started, finished_at=workflow.now())
+    async def _direct_call(self, call: ToolCallPart) -> tuple[ModelRequestPart, CallRecord]:
+        assert self._tools is not None, "a run calls tools only once it knows its agent"
+        return await self._tools.direct_call(call)
 
     async def _seal(self, request: SealRequest) -> SealResult:
         result: SealResult = await workflow.execute_local_activity(
@@ -935,16 +505,7 @@ class CodeModeRunWorkflow:
                 self._continue_as_new(input, cont, messages, note=None, repl=carried)
             refused = "the worker has no REPL key: set CODEMODE_REPL_KEY on every worker to carry it"
         # Say so, or the model's next program would trip over variables that are gone.
-        self._continue_as_new(input, cont, self._with_note(messages, carry_refused_note(refused)), note=None)
-
-    @staticmethod
-    def _with_note(messages: list[ModelMessage], note: str) -> list[ModelMessage]:
-        """`messages` with `note` added to the last request, for the model to read with the tool results."""
-        last = messages[-1]
-        if not isinstance(last, ModelRequest):
-            return messages
-        return [*messages[:-1], ModelRequest(parts=[*last.parts, UserPromptPart(note, timestamp=workflow.now())],
-                                             instructions=last.instructions, timestamp=last.timestamp)]
+        self._continue_as_new(input, cont, with_note(messages, carry_refused_note(refused), workflow.now()), note=None)
 
     def _continue_as_new(
         self, input: RunInput, cont: Continuation, messages: list[ModelMessage], *, note: str | None,
@@ -953,7 +514,7 @@ class CodeModeRunWorkflow:
         bound_turns(cont.turns)
         files, refused = self._carried_files(cont.spec)
         if refused is not None:
-            messages = self._with_note(messages, refused)
+            messages = with_note(messages, refused, workflow.now())
         self._progress.continuing(run_index=cont.runs + 1)
         workflow.continue_as_new(RunInput(
             agent=input.agent,
@@ -970,7 +531,8 @@ class CodeModeRunWorkflow:
             stream_state=self._events.carried(),
             continuation=Continuation(spec=cont.spec, usage=cont.usage, turns=cont.turns, runs=cont.runs + 1,
                                       note=note, approvals=self._approvals.audit, repl=repl,
-                                      output_retries=self._output_retries, tool_retries=self._tool_retries,
+                                      output_retries=self._run_loop.output_retries,
+                                      tool_retries=self._run_loop.tool_retries,
                                       files=files, new_message_index=cont.new_message_index),
         ))
 

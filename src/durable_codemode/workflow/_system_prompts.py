@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelRequestPart, SystemPromptPart
 
-from .._types import AgentSpec
+from ..shared._types import AgentSpec
 
 __all__ = ["opening_parts", "revalued"]
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from pydantic_ai.function_signature import FunctionSignature
 from pydantic_ai.tools import ToolDefinition
 
+from ..shared._config import SnippetLimits
+from ..shared._files import FILES_ROOT, FilesSpec
+from ..shared._names import RUN_CODE_TOOL
 from ._catalog import SEARCH_LIMIT_DEFAULT, SEARCH_LIMIT_MAX
-from ._config import SnippetLimits
-from ._files import FILES_ROOT, FilesSpec
-from ._names import RUN_CODE_TOOL
 
 __all__ = [
     "CATALOG_PRELUDE",

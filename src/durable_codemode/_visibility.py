@@ -1,7 +1,7 @@
 """The agent and status of a run where Temporal's visibility (the UI's filters, `codemode runs`) can find them.
 
 Search attributes, when the server has them: `CodemodeAgent` and `CodemodeStatus` (both Keyword). The
-embedded dev server registers them (`_devserver.DEV_SERVER_DEFAULT_ARGS`); on a real cluster, once per namespace:
+embedded dev server registers them (`client/_devserver.DEV_SERVER_DEFAULT_ARGS`); on a real cluster, once per namespace:
 
 ```
 temporal operator search-attribute create --namespace default --name CodemodeAgent --type Keyword
@@ -11,8 +11,8 @@ temporal operator search-attribute create --namespace default --name CodemodeSta
 A server without them refuses a start that sets them (INVALID_ARGUMENT "no mapping defined for search attribute")
 and a list query that names them. Then runs are started with the agent and status in their memo instead, which
 visibility cannot filter on, so `codemode runs` filters what it reads; a warning says so, once per server and
-namespace. Whichever a run was started with is what its workflow updates (`_progress`), so the choice is part of
-the run's recorded input and never changes how it replays.
+namespace. Whichever a run was started with is what its workflow updates (`workflow/_progress`), so the choice is
+part of the run's recorded input and never changes how it replays.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._names import AGENT_MEMO, AGENT_SEARCH_ATTRIBUTE, STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE
+from .shared._names import AGENT_MEMO, AGENT_SEARCH_ATTRIBUTE, STATUS_MEMO, STATUS_RUNNING, STATUS_SEARCH_ATTRIBUTE
 
 __all__ = ["AGENT_KEY", "STATUS_KEY", "lacks_search_attributes", "start_options", "uses_search_attributes"]
 

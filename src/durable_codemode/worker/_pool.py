@@ -31,12 +31,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import pydantic_monty
 from pydantic_monty._binary import find_monty_binary
 
-from ._errors import CodeModeUserError
+from ..shared._errors import CodeModeUserError
+from ..workflow._sandbox_sessions import SessionKind, provide_sandbox_sessions
 
 __all__ = [
     "LIVE_BACKSTOP_SECONDS",
@@ -170,7 +171,7 @@ def check_sandbox_binary() -> str:
     return path
 
 
-PoolKind = Literal["live", "replay", "compute"]
+PoolKind = SessionKind
 """Which of the three pools (see the module docstring)."""
 
 WARM_UP_PROGRAM = (
@@ -568,6 +569,7 @@ class SandboxPool:
 
 
 POOL = SandboxPool()
+provide_sandbox_sessions(POOL)  # the run workflows this process hosts use it (`workflow/_sandbox_sessions`)
 """The process's one sandbox pool."""
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
-from .._errors import CodeModeUserError, RunNotFoundError
-from .._names import WORKFLOW_TYPE
-from .._storage import env_stores, resolve_history, stores_of
+from ._storage import env_stores, resolve_history, stores_of
+from .shared._errors import CodeModeUserError, RunNotFoundError
+from .shared._names import WORKFLOW_TYPE
 
 __all__ = ["fetch_chain", "fetch_history", "histories_from_json", "histories_to_json", "read_histories",
            "write_histories"]

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic_ai.output import OutputObjectDefinition
 from pydantic_ai.tools import ToolDefinition
 
-from ._types import OutputSpec
+from ..shared._types import OutputSpec
 
 __all__ = ["OutputShape", "recorded_output"]
 

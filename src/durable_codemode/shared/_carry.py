@@ -33,7 +33,7 @@ class CarriedRepl:
     seal: str
     """`seal(key, digest, monty_version)` under the key of the worker that wrote it."""
     lenient_names: bool = False
-    """The REPL's type checker no longer knows every name (see `_sandbox._real_type_errors`)."""
+    """The REPL's type checker no longer knows every name (see `_type_check.real_type_errors`)."""
 
     @classmethod
     def of(cls, state: bytes, *, written_by: str, sealed: str, lenient_names: bool) -> CarriedRepl:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._types import CatalogEntry, ToolCatalog
+from ..shared._types import CatalogEntry, ToolCatalog
 
 __all__ = [
     "CATALOG_FUNCTIONS",

@@ -255,3 +255,7 @@ def batch_activity_id(call_ids: list[str], tool: str, arguments: list[dict[str, 
     text = json.dumps([tool, call_ids, [_canonical(a) for a in arguments]], sort_keys=True, default=repr,
                       separators=(",", ":"))
     return f"{call_ids[0]}+{len(call_ids)}-{hashlib.sha256(text.encode()).hexdigest()[:10]}"
+
+
+DEFAULT_TASK_QUEUE = "durable-codemode"
+"""The task queue runs go to unless told otherwise (also the bundled worker's)."""

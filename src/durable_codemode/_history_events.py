@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RunUsage
@@ -23,30 +23,62 @@ from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
 
-from .._approvals import APPROVE_SIGNAL, DECIDE_ALL_UPDATE, DECIDE_UPDATE, DENY_SIGNAL, ApprovalDecision, ApprovalRecord
-from .._converter import DATA_CONVERTER
-from .._errors import CodeModeUserError
-from .._names import (
+from ._converter import DATA_CONVERTER
+from .shared._activity_io import ModelRequestInput
+from .shared._approvals import (
+    APPROVE_SIGNAL,
+    DECIDE_ALL_UPDATE,
+    DECIDE_UPDATE,
+    DENY_SIGNAL,
+    ApprovalDecision,
+    ApprovalRecord,
+)
+from .shared._errors import CodeModeUserError
+from .shared._names import (
     DESCRIBE_AGENT_ACTIVITY,
     MODEL_REQUEST_ACTIVITY,
     call_id_of_activity,
     tool_activity_type,
     tool_of_activity_type,
 )
-from .._tool_usage import split_usage
-from .._types import AgentSpec, ModelRequestInput, RunInput, RunResult
-from ._trace import TraceRun
+from .shared._records import RunResult
+from .shared._tool_usage import split_usage
+from .shared._types import AgentSpec, RunInput
 
 __all__ = [
     "EventRead",
     "RecordedActivity",
     "RecordedRun",
     "RunReader",
+    "RunStatus",
+    "TraceRun",
     "decode",
     "failure_text",
     "read_run",
     "summary_of",
 ]
+
+RunStatus = Literal["running", "completed", "failed", "continued_as_new", "terminated", "cancelled", "timed_out"]
+"""How a workflow run of a chain stands or ended."""
+
+
+@dataclass(kw_only=True)
+class TraceRun:
+    """One workflow run of a continue-as-new chain."""
+
+    run_id: str
+    status: RunStatus
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
+    events: int = 0
+    continued_as: str | None = None
+    """The next run's id, when this one continued as new."""
+    continue_reason: str | None = None
+    """`compute_limit` or `sandbox_crashed` (a snippet ended the run), else `None` (the snippet cap, or Temporal
+    suggested it)."""
+    failure: str | None = None
+    task_failures: list[str] = field(default_factory=list)
+    """Workflow task failures (a wedged run retries its task: nondeterminism, a deadlock, a bug)."""
 
 _LOCAL_ACTIVITY_MARKER = "core_local_activity"
 """The marker name under which Temporal's core records a local activity's result (its input is not recorded)."""

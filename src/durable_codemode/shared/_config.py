@@ -282,8 +282,8 @@ def monty_limits(limits: SnippetLimits, *, replaying: bool = False) -> ResourceL
     A session's dumps carry its limits, and a loaded dump keeps them (Monty applies no new ones), so a program
     that goes on in the compute activity computes under the limits its REPL was first checked out with. So every
     session's own time limit is `max_compute_seconds`, the runaway bound: the in-workflow budgets are enforced by
-    the host (`workflow/_sandbox`) and by the live pool's backstop, which may differ between stretches. A replayed
-    task re-runs only stretches the live run finished in workflow code, so its sessions get a time limit no
+    the host (`workflow/_snippet_driver`) and by the live pool's backstop, which may differ between stretches. A
+    replayed task re-runs only stretches the live run finished in workflow code, so its sessions get a time limit no
     replaying machine can reach (`REPLAY_STRETCH_SECONDS`, or more): their outcome never depends on the replaying
     machine's speed, and a history edited into a loop still ends.
     """
