@@ -3,7 +3,7 @@
 A replay is watched by an observer of the run (`_observers.RunTelemetry`, attached with `observe_run`, as
 tracing's spans are): it learns each call's source line, each snippet's outcome and the run's approvals. The
 workflow may then rename or reshape its private methods and state freely: nothing outside `workflow/` reads them.
-And `read_run` (traces, replay reports) and `watch` decode a history with the one reader, `history/_events`.
+And `read_run` (traces, replay reports) and `watch` decode a history with the one reader, `_history_events`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ so a line appears as soon as the server records the event, and nothing runs in t
   (`call_3: 120/200 done`) at most every `progress_every` seconds and when the last one finishes; errors always;
 - continue-as-new is followed into the next run.
 
-The events are decoded by `history/_events.RunReader`, the one reader `codemode trace` and the replay reports use.
+The events are decoded by `_history_events.RunReader`, the one reader `codemode trace` and the replay reports use.
 
 It stops when the run closes, or when it can go no further without a person: a pending approval (asked of the
 run by the `pending_approvals` query after the history has been quiet for a moment) and no call in flight. Then

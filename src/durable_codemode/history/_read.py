@@ -1,4 +1,4 @@
-"""A run's history read as a trace: model turns, snippets, nested calls and approvals (fetching is `_fetch`).
+"""A run's history read as a trace: model turns, snippets, nested calls and approvals (fetching is `_history_fetch`).
 
 Everything a trace shows is in the history because every model request, tool call and clock read crosses the
 workflow boundary through Temporal: the model turns are the `model_request` activities (their
