@@ -76,6 +76,8 @@ async def test_bad_run_input_is_refused_before_anything_starts(client: Client) -
         ({"agent": "echo", "prompt": ""}, "the prompt is empty"),
         ({"agent": "echo", "prompt": "   \n"}, "the prompt is empty"),
         ({"agent": "", "prompt": "hi"}, "non-empty agent name"),
+        ({"agent": Agent(name="echo"), "prompt": "hi"},
+         "got an object of type Agent: wrap a pydantic-ai Agent as CodeModeAgent"),
         ({"agent": "echo", "prompt": 42}, "the prompt must be a string"),
         ({"agent": "echo", "prompt": "", "message_history": [ModelResponse(parts=[TextPart("hello")])]},
          "the prompt is empty"),  # a history that ends with a response leaves nothing to answer

@@ -20,7 +20,7 @@ from ..shared._errors import (
 )
 from ..shared._names import DEFAULT_TASK_QUEUE
 from ..shared._records import RunResult
-from ._runs import ServedAgent, run_result, start_run
+from ._runs import ServedAgent, run_result, served_agent, start_run
 from ._stream import feed_event_stream_handler, stream_events
 
 __all__ = ["run_agent"]
@@ -76,7 +76,7 @@ async def run_agent(
                              usage_limits=usage_limits, usage=usage, run_id=run_id, instructions=instructions,
                              stream=True if event_stream_handler is not None else stream)
     if output_type is None and not isinstance(agent, str):
-        output_type = agent.output_type
+        output_type = served_agent(agent).output_type
     if event_stream_handler is not None:
         await feed_event_stream_handler(event_stream_handler, stream_events(client, handle.id), deps=deps,
                                         prompt=prompt, run_id=handle.id, model=model)

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
@@ -48,6 +48,7 @@ __all__ = [
     "on_run",
     "run_handle",
     "run_result",
+    "served_agent",
     "start_run",
     "typed_result",
     "validate_run_input",
@@ -85,6 +86,22 @@ class ServedAgent(Protocol):
 
 
 OutputT = TypeVar("OutputT")
+
+
+def served_agent(agent: object) -> ServedAgent:
+    """`agent`, given by object, as the client reads it; refused by name when it is not an agent a worker serves.
+
+    Raises:
+        InvalidRunInputError: not a `CodeModeAgent` (or another object with its name, output type and deps check):
+            a pydantic-ai `Agent` given directly, say.
+
+    """
+    if all(hasattr(agent, attribute) for attribute in ("name", "output_type", "recorded_deps")):
+        return cast(ServedAgent, agent)
+    raise InvalidRunInputError(
+        f"the agent must be its name or the CodeModeAgent a worker serves, got an object of type "
+        f"{type(agent).__qualname__}: wrap a "
+        "pydantic-ai Agent as CodeModeAgent(agent) on the worker, and start runs with it or its name")
 
 
 def validate_run_input(agent: str, prompt: str | None, message_history: Any) -> tuple[str | None, list[ModelMessage]]:
@@ -337,7 +354,7 @@ async def start_run(
     worker's message ("no agent named ...", "... OPENAI_API_KEY is not set ...") as the failure.
 
     """
-    name = agent if isinstance(agent, str) else agent.name
+    name = agent if isinstance(agent, str) else served_agent(agent).name
     prompt_or_none, history = validate_run_input(name, prompt, () if message_history is None else message_history)
     run_deps, deps_type = deps_for_run(client, deps, None if isinstance(agent, str) else agent)
     if instructions is not None and not isinstance(instructions, str):
