@@ -162,7 +162,6 @@ def test_batch_refuses_what_it_cannot_honour() -> None:
         assert "drop batch=True" in str(info.value)
 
 
-
 def _start_worker(client: Client, task_queue: str, folder: Path, n: int) -> WorkerProcess:
     log = folder / f"worker-{n}.log"
     with log.open("wb") as out:

@@ -278,7 +278,6 @@ def test_the_pydantic_ai_native_tool_surface_we_record_is_there() -> None:
     assert NativeOrLocalTool(native=WebSearchTool(), local=False).get_toolset() is None
 
 
-
 # -- pydantic-ai's private names: one pin per function of `durable_codemode._pydantic_ai` --------------------------
 # Each test exercises one seam function on the installed pydantic-ai and checks the one thing the runtime relies on;
 # a release that moves the private name fails that test alone, and its message names the function to change.

@@ -166,7 +166,6 @@ async def test_a_compatible_output_change_accepts_the_answer(client: Client) -> 
     await replay(handle)
 
 
-
 # -- approval rules: each verdict is recorded when its call is made ----------------------------------------------
 
 TRANSFERS = """

@@ -861,7 +861,6 @@ async def test_page(page: Path, env: WorkflowEnvironment, shop: Shop, docs_env: 
             raise outcome
 
 
-
 # -- commands mean in a shell what they say -------------------------------------------------------------------------
 
 

@@ -250,7 +250,6 @@ def _child_closed(event: HistoryEvent, kind: str, by_event: dict[int, RecordedAc
     return child
 
 
-
 @dataclass(frozen=True)
 class EventRead:
     """What one event changed in the run read so far (`RunReader.read`)."""

@@ -251,9 +251,6 @@ async def _definition_tokens(agent: CodeModeAgent) -> int:
     return _estimate_tokens(spec.instructions or "") + tools
 
 
-
-
-
 # -- the command ---------------------------------------------------------------------------------------------------
 
 

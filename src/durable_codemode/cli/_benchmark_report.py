@@ -187,7 +187,6 @@ def ratios(rows: Sequence[BenchRow]) -> list[Ratio]:
     return out
 
 
-
 def _table(header: Sequence[str], lines: Sequence[Sequence[str]], left: int = 2) -> list[str]:
     widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
 

@@ -9,9 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from temporalio.client import (
-    Client,
-)
+from temporalio.client import Client
 from temporalio.service import RPCError
 
 from ..shared._approvals import (

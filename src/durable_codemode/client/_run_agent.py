@@ -11,13 +11,9 @@ from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.usage import RunUsage, UsageLimits
-from temporalio.client import (
-    Client,
-)
+from temporalio.client import Client
 
-from ..shared._errors import (
-    InvalidRunInputError,
-)
+from ..shared._errors import InvalidRunInputError
 from ..shared._names import DEFAULT_TASK_QUEUE
 from ..shared._records import RunResult
 from ._runs import ServedAgent, run_result, served_agent, start_run

@@ -182,8 +182,6 @@ async def closed_run(client: Client, run_id: str, *, during: bool = False) -> Ru
     return RunClosedError(run_id, status, description.close_time, during=during) if status else None
 
 
-
-
 _JSON_TYPES = (dict, list, str, int, float, bool)
 
 

@@ -160,7 +160,6 @@ class ReplayCapture:
                      and c.kind in ("activity", "local_activity")), None)
 
 
-
 class _Outbound(WorkflowOutboundInterceptor):
     def __init__(self, nxt: WorkflowOutboundInterceptor, capture: ReplayCapture) -> None:
         super().__init__(nxt)

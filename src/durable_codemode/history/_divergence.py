@@ -53,7 +53,6 @@ _LIMIT_WORDS = ("tool call limit reached", "MemoryError", "RecursionError", "tim
 """Words in a snippet's result that mean a sandbox limit stopped it."""
 
 
-
 @dataclass(kw_only=True)
 class CallSide:
     """One side of a divergence: the recorded event or the replayed command."""

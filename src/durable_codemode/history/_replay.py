@@ -54,7 +54,6 @@ __all__ = [
 ]
 
 
-
 @dataclass(kw_only=True)
 class RunReplay:
     """The replay of one workflow run."""
@@ -169,7 +168,6 @@ def import_agents(module_name: str) -> list[CodeModeAgent]:
     """The agents `module_name` defines (as `load_agents` finds and registers them), for checks that read them."""
     found = [served_agent(name) for name in load_agents(module_name)]
     return [a for a in found if isinstance(a, CodeModeAgent)]
-
 
 
 async def _replay_one(history: WorkflowHistory, runtime: Runtime | None) -> RunReplay:

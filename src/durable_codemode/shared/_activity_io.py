@@ -264,7 +264,6 @@ class BatchResult:
     outcomes: list[BatchOutcome]
 
 
-
 @dataclass(kw_only=True)
 class ComputeResult:
     """Output of the compute activity: where the program got to, at its next host round trip or its end."""

@@ -352,7 +352,6 @@ def chat_app(agent: CodeModeAgent, client: Client, *, protocol: Literal["vercel_
 _NAMES = {"vercel_ai": "Vercel AI", "ag_ui": "AG-UI"}
 
 
-
 def _refused(status: int, message: str) -> Response:
     return JSONResponse({"error": printable(message)}, status_code=status)
 

@@ -117,8 +117,6 @@ def _unsupported_toolsets(agent: Agent[Any, Any]) -> list[str]:
     return found
 
 
-
-
 ToolSelector = Sequence[str] | Callable[[ToolDefinition], bool]
 """Which tools the sandbox may call: a list of names, or a predicate on the tool definition."""
 

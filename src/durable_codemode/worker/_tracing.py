@@ -32,9 +32,6 @@ from ._span_exports import span_ended
 __all__ = ["worker_interceptors"]
 
 
-
-
-
 class _WorkflowInbound(temporalio.worker.WorkflowInboundInterceptor):
     def init(self, outbound: temporalio.worker.WorkflowOutboundInterceptor) -> None:
         self._outbound = _WorkflowOutbound(outbound)

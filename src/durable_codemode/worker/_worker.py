@@ -113,7 +113,6 @@ def _workflow_task_slots(worker_options: dict[str, Any], pool: PoolSettings) -> 
     return int(slots)
 
 
-
 def workflow_runner() -> WorkflowRunner:
     """The runner of the run workflow: Temporal's unsandboxed runner.
 

@@ -368,7 +368,6 @@ class Approvals:
         return f"waiting for approval of {len(self.pending)} call(s): {calls}"
 
 
-
 _DETAILS_CALLS = 10
 """Waiting calls the current details name one by one (`Approvals.details`); the rest are counted."""
 
