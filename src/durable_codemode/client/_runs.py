@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Awaitable, Sequence
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest
@@ -62,6 +62,7 @@ DEFAULT_ANSWER_TIMEOUT = timedelta(seconds=10)
 _T = TypeVar("_T")
 
 
+@runtime_checkable
 class ServedAgent(Protocol):
     """An agent given by object instead of by name (a `CodeModeAgent` is one): what the client reads of it.
 
@@ -96,12 +97,12 @@ def served_agent(agent: object) -> ServedAgent:
             a pydantic-ai `Agent` given directly, say.
 
     """
-    if all(hasattr(agent, attribute) for attribute in ("name", "output_type", "recorded_deps")):
-        return cast(ServedAgent, agent)
+    if isinstance(agent, ServedAgent):  # the protocol's members, checked by their names
+        return agent
     raise InvalidRunInputError(
         f"the agent must be its name or the CodeModeAgent a worker serves, got an object of type "
-        f"{type(agent).__qualname__}: wrap a "
-        "pydantic-ai Agent as CodeModeAgent(agent) on the worker, and start runs with it or its name")
+        f"{type(agent).__qualname__}: wrap a pydantic-ai Agent as CodeModeAgent(agent) on the worker, and start "
+        "runs with it or its name")
 
 
 def validate_run_input(agent: str, prompt: str | None, message_history: Any) -> tuple[str | None, list[ModelMessage]]:
