@@ -363,3 +363,12 @@ async def test_later_snippets_may_rebind_earlier_variables(client: Client) -> No
     assert [s.outcome for s in snippets] == ["ok", "rejected", "ok", "ok"]
     assert "`missing` used when not defined" in snippets[1].result  # unknown names are still caught up front
     assert eval(result.output)["result"] == [7, 3]
+
+
+async def test_a_call_that_finishes_while_the_program_awaits_another(client: Client) -> None:
+    # `get` is started first and finishes while the program waits on `slow` alone: the program wakes for what it
+    # awaits, still gets the earlier call's result when it awaits it, and the run replays.
+    code = "early = get(i=1)\nlate = await slow(seconds=0.5)\n[await early, late]"
+    result, _ = await run(client, RunCode(code), echo)
+    assert eval(result.output)["result"] == [10, "slow done"]
+    assert [(c.tool, c.status) for c in result.nested_calls] == [("get", "ok"), ("slow", "ok")]

@@ -90,7 +90,8 @@ class RunProgress:
         if self._turn is not None:
             where = f"model turn {self._turn}"
             # A call waiting for a person has not started: it is not "in flight".
-            gated = sum(1 for call_id in self._open if call_id in self._approvals().pending)
+            pending = self._approvals().pending
+            gated = sum(1 for call_id in self._open if call_id in pending)
             calls = f"{_calls(len(self._open) - gated)} in flight, " + (
                 f"{gated} waiting for approval, " if gated else "") + f"{self._done} done"
             if self._snippet is not None:

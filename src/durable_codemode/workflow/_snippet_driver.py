@@ -61,6 +61,7 @@ from ._snippet_state import (
     Completed,
     InFlight,
     Parked,
+    PendingFutures,
     SnippetEnded,
     too_large,
 )
@@ -89,7 +90,7 @@ class SnippetDriver:
         self._code = code
         self._run_code_id = run_code_id
         self._snippet = snippet
-        self._pending: dict[int, asyncio.Future[tuple[Settled, CallRecord | None]]] = {}
+        self._pending: PendingFutures[tuple[Settled, CallRecord | None]] = PendingFutures()
         self._started: dict[int, InFlight] = {}
         """Tool calls in flight, by Monty call id: what their record says if the program ends before they do."""
         self._calls: list[CallRecord] = []
@@ -500,8 +501,7 @@ class SnippetDriver:
         call_id = nested_call_id(self._run_code_id, self._n)
         self._n += 1
         site = CallSite(code=self._code, line=self._code.count("\n", 0, max(0, snap.position.start)) + 1)
-        future = asyncio.ensure_future(self._start_tool(name, kwargs, call_id, site))
-        self._pending[snap.call_id] = future  # type: ignore[assignment]
+        self._pending.track(snap.call_id, asyncio.ensure_future(self._start_tool(name, kwargs, call_id, site)))
         self._started[snap.call_id] = InFlight(call_id, name, kwargs, workflow.now())
         return snap, {"future": ...}
 
@@ -511,7 +511,7 @@ class SnippetDriver:
         if name in ("time.sleep", "asyncio.sleep"):
             seconds = float(args[0]) if args else 0.0
             if name == "asyncio.sleep":
-                self._pending[snap.call_id] = asyncio.ensure_future(self._sleep(seconds))
+                self._pending.track(snap.call_id, asyncio.ensure_future(self._sleep(seconds)))
                 return snap, {"future": ...}
             if seconds > 0:  # a durable timer: the program waits without its process
                 self.tell_printed()
@@ -530,21 +530,21 @@ class SnippetDriver:
 
     async def _settle(self, snap: FutureSnapshot) -> tuple[Any, Any]:
         ids = sorted(snap.pending_call_ids)
-        futures = [self._pending[i] for i in ids]
+        pending = self._pending
         current: Any = snap
-        if not any(f.done() for f in futures):
+        if not any(pending[i].done() for i in ids):
             self.tell_printed()
             for_people = self._waiting_on_people(ids)
             if self._may_hold(ids, for_people) and self._repl.sessions.try_hold():
                 # A short wait on tool calls: the program keeps its process, saving a dump and a load.
                 try:
-                    await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+                    await self._pending.first_done(ids)
                 finally:
                     self._repl.sessions.release_hold()
             else:
                 # The program waits on Temporal: release its process for the wait (see `_sandbox`'s module docstring).
                 current = Parked(self._repl.park(snap))
-                await workflow.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+                await self._pending.first_done(ids)
             self._waited()
         answers: dict[int, Any] = {}
         for i in ids:  # ascending: see `_sandbox`'s module docstring
@@ -570,7 +570,7 @@ class SnippetDriver:
         the run it replays (and `_base` matters only live: a replay never sends a compute request).
         """
         return (not for_people and self._base is not None
-                and len(self._base.answers) < MAX_ANSWERS_SINCE_DUMP and all(i in self._started for i in ids))
+                and len(self._base.answers) < MAX_ANSWERS_SINCE_DUMP and self._started.keys() >= set(ids))
 
     def _waiting_on_people(self, ids: list[int]) -> bool:
         """Whether every pending call waits for a person: a wait that may last days, so never held."""

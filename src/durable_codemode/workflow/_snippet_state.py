@@ -5,15 +5,19 @@ This module runs in workflow code.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from temporalio.common import RetryPolicy
 
 from ..shared._records import CallRecord
 from ..shared._results import preview
 from ._sandbox_types import SnippetOutcome
+
+T = TypeVar("T")
 
 __all__ = [
     "COMPUTE_HEARTBEAT",
@@ -24,6 +28,7 @@ __all__ = [
     "Completed",
     "InFlight",
     "Parked",
+    "PendingFutures",
     "SnippetEnded",
     "too_large",
 ]
@@ -98,3 +103,41 @@ at its next wait, so the compute activity never has a long history of answers to
 DUMP_LIMIT_WITHOUT_STORE = 1_800_000
 """Characters of encoded dump (`_compute_wire.encode_dump`) a compute activity may carry without a payload
 store: inside Temporal's 2 MiB payload limit, with room for the rest of the payload."""
+
+
+class PendingFutures(dict[int, "asyncio.Future[T]"], Generic[T]):
+    """A program's tool calls and sleeps in flight, by Monty call id, and one waiter for a wait on some of them.
+
+    `workflow.wait(futures, return_when=FIRST_COMPLETED)` adds a callback to every future it is given and removes
+    them all when it returns, so a program waiting on a gather of N calls paid O(N) at each of its wakes. Here
+    each future gets its callback once, when it starts (`track`). The order is `workflow.wait`'s: a finished
+    future schedules its callback, which resolves the waiter, which schedules the program's wake; a future the
+    program does not wait on resolves nothing.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._awaited: frozenset[int] = frozenset()
+        """The Monty call ids the program waits on now (`first_done`); empty while it computes."""
+        self._wake: asyncio.Future[None] | None = None
+        """Resolved by the first of `_awaited` to finish."""
+
+    def track(self, monty_id: int, future: asyncio.Future[T]) -> None:
+        """Keep a started call's (or sleep's) future; it wakes a wait on it when it finishes."""
+        self[monty_id] = future
+        future.add_done_callback(lambda _: self._finished(monty_id))
+
+    def _finished(self, monty_id: int) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done() and monty_id in self._awaited:
+            wake.set_result(None)
+
+    async def first_done(self, ids: Iterable[int]) -> None:
+        """Wait until one of `ids` (none done yet) is done."""
+        self._awaited = frozenset(ids)
+        self._wake = wake = asyncio.get_running_loop().create_future()
+        try:
+            await wake
+        finally:
+            self._wake = None
+            self._awaited = frozenset()

@@ -204,8 +204,10 @@ class RunTools:
             options["heartbeat_timeout"] = spec.heartbeat_timeout
         args_text = one_line(args)  # once per call: the record's preview
         # The tool and call id are in the activity's type and id already. Temporal does not compare a summary on
-        # replay, so runs recorded with the older summaries (`get("i": 0)`) replay unchanged.
-        options["summary"] = call_summary(tool, args)
+        # replay, so runs recorded with the older summaries (`get("i": 0)`) replay unchanged, and a replay, which
+        # writes no history, makes none.
+        if not workflow.unsafe.is_replaying():
+            options["summary"] = call_summary(tool, args)
         payload = ToolCallInput(args=args, deps=self.deps, schema_digest=spec.schema_digest)
         started = workflow.now()
         status: Any = "ok"
