@@ -45,3 +45,13 @@ def test_replay_costs_times_each_part_of_a_replay() -> None:
         row = next(line for line in out.splitlines() if line.startswith(f"{scenario} "))
         # The sandbox's round trips were timed: a code-mode replay runs the program again.
         assert float(row.split("|")[6].strip().removesuffix(" ms")) > 0, row
+
+
+@pytest.mark.timeout(150)
+def test_monty_round_trip_times_both_placements() -> None:
+    out = run_bench("monty_round_trip.py", "--n", "5", "--reps", "2")
+    assert "free µs/round trip" in out and "one CPU µs/round trip" in out, out
+    for program in ("gather", "sequential"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{program} "))
+        free, pinned = (float(cell) for cell in row.split("|")[1:3])
+        assert free > 0 and pinned > 0, row  # both placements ran the program to its end
