@@ -13,16 +13,23 @@ replays, timers (`time.perf_counter`) wrap:
 - the snippet's start (`SnippetDriver._first_stretch`: checkout, feed).
 
 These are private seams of this package and of the SDK, patched in this process only, and each adds the cost of
-one timer per call to what it measures (~1 µs). It prints one table: per scenario, the replay's median wall time
-on each side and their ratio, then the median milliseconds per replay in activations (both sides) and, for code
-mode, in each part; "rest" is the activations' time outside the parts (the SDK's activity machinery, the run's
-loop, the call records, the progress details). Replay is where code mode's costs are easiest to see: no server,
-no network, no activity, only the workflow code on both sides.
+one timer per call to what it measures (~1 µs). The activations are also timed by the workflow thread's CPU
+(`time.thread_time`), which the machine's other work moves less than wall time. After the timed replays, one
+more replay a side runs under cProfile, enabled inside the activations only, for the number of Python calls the
+workflow code makes: a count, so it does not move with the machine at all.
+
+It prints one table: per scenario, the replay's median wall time on each side and their ratio, then the median
+milliseconds per replay in activations (both sides) and, for code mode, in each part; "rest" is the activations'
+time outside the parts (the SDK's activity machinery, the run's loop, the call records, the progress details);
+then the activations' CPU, code mode against the floor, and the Python calls. Replay is where code mode's costs
+are easiest to see: no server, no network, no activity, only the workflow code on both sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -58,6 +65,8 @@ class Timers:
 
     def __init__(self) -> None:
         self.spent: dict[str, float] = defaultdict(float)
+        self.profile: cProfile.Profile | None = None
+        """Set: the activations run under it (`python_calls`)."""
         self._originals: list[tuple[type, str, Callable[..., Any]]] = []
 
     def reset(self) -> None:
@@ -76,13 +85,20 @@ class Timers:
 
     def _timed(self, part: str, original: Callable[..., Any]) -> Callable[..., Any]:
         spent = self.spent
+        timers = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.perf_counter()
+            profile = timers.profile
+            if profile is not None:
+                profile.enable()  # in the workflow thread, around the activation only
+            start, cpu = time.perf_counter(), time.thread_time()
             try:
                 return original(*args, **kwargs)
             finally:
                 spent[part] += time.perf_counter() - start
+                spent[f"{part} CPU"] += time.thread_time() - cpu
+                if profile is not None:
+                    profile.disable()
 
         return timed
 
@@ -117,14 +133,29 @@ async def replay_costs(histories: dict[str, Any], reps: int, timers: Timers) -> 
             wall = time.perf_counter() - start
             if rep >= 0:
                 samples[side]["wall"].append(wall)
+                samples[side]["activations CPU"].append(timers.spent.get("activations CPU", 0.0))
                 for part in PARTS:
                     samples[side][part].append(timers.spent.get(part, 0.0))
-    return {side: {k: statistics.median(v) for k, v in parts.items()} for side, parts in samples.items()}
+    medians = {side: {k: statistics.median(v) for k, v in parts.items()} for side, parts in samples.items()}
+    for side, replayer in replayers.items():
+        medians[side]["python calls"] = await python_calls(replayer, histories[side], timers)
+    return medians
+
+
+async def python_calls(replayer: Replayer, history: Any, timers: Timers) -> float:
+    """The Python calls (cProfile's count, primitive and recursive) inside the activations of one replay."""
+    timers.profile = profile = cProfile.Profile()
+    try:
+        await replayer.replay_workflow(history)
+    finally:
+        timers.profile = None
+    return float(pstats.Stats(profile).total_calls)  # type: ignore[attr-defined]
 
 
 def table(rows: Sequence[tuple[str, dict[str, dict[str, float]]]]) -> str:
     header = ["scenario", "replay cm", "replay floor", "cm/floor", "activations cm", "activations floor",
-              "cm: Monty round trips", "cm: call answers", "cm: snippet start", "cm: rest"]  # PARTS' order
+              "cm: Monty round trips", "cm: call answers", "cm: snippet start", "cm: rest",  # PARTS' order
+              "activations CPU cm/floor", "Python calls cm / floor"]
     lines = []
     for scenario, med in rows:
         cm, fl = med["codemode"], med["floor"]
@@ -133,7 +164,8 @@ def table(rows: Sequence[tuple[str, dict[str, dict[str, float]]]]) -> str:
         lines.append([scenario, f"{cm['wall'] * 1000:.1f} ms", f"{fl['wall'] * 1000:.1f} ms",
                       f"{cm['wall'] / fl['wall']:.2f}x", f"{cm['activations'] * 1000:.1f} ms",
                       f"{fl['activations'] * 1000:.1f} ms", *(f"{cm[p] * 1000:.1f} ms" for p in parts),
-                      f"{rest * 1000:.1f} ms"])
+                      f"{rest * 1000:.1f} ms", f"{cm['activations CPU'] / fl['activations CPU']:.2f}x",
+                      f"{cm['python calls']:,.0f} / {fl['python calls']:,.0f}"])
     widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
 
     def render(cells: Sequence[str]) -> str:
@@ -169,8 +201,9 @@ async def run(args: argparse.Namespace) -> int:
         shutdown_pool()
     print(table(rows))
     print(f"medians of {args.reps} interleaved replay(s) per side of one recorded run each; floor = the bare "
-          "workflow with the runtime's own unsandboxed workflow runner; ms per replay; every replay checked by "
-          "Temporal's Replayer", flush=True)
+          "workflow with the runtime's own unsandboxed workflow runner; ms per replay; activations CPU = the "
+          "workflow thread's CPU in them; Python calls = cProfile's count inside the activations of one more "
+          "replay; every replay checked by Temporal's Replayer", flush=True)
     return 0
 
 
