@@ -15,3 +15,10 @@ def run_bench(script: str, *args: str) -> str:
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout
+
+
+def table_row(out: str, label: str) -> list[str]:
+    """The cells of the line of `out` that starts with `label` (its first cell), stripped; fails showing `out`."""
+    row = next((line for line in out.splitlines() if line.startswith(label)), None)
+    assert row is not None, f"no row starting {label!r} in:\n{out}"
+    return [cell.strip() for cell in row.split("|")]

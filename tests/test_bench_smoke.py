@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._bench import run_bench
+from ._bench import run_bench, table_row
 
 pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 
@@ -42,9 +42,9 @@ def test_replay_costs_times_each_part_of_a_replay() -> None:
     out = run_bench("replay_costs.py", "--n", "5", "--reps", "1")
     assert "cm: Monty round trips" in out and "activations floor" in out, out
     for scenario in ("gather-5", "sequential-5"):
-        row = next(line for line in out.splitlines() if line.startswith(f"{scenario} "))
+        row = table_row(out, f"{scenario} ")
         # The sandbox's round trips were timed: a code-mode replay runs the program again.
-        assert float(row.split("|")[6].strip().removesuffix(" ms")) > 0, row
+        assert float(row[6].removesuffix(" ms")) > 0, row
 
 
 @pytest.mark.timeout(150)
@@ -52,6 +52,6 @@ def test_monty_round_trip_times_both_placements() -> None:
     out = run_bench("monty_round_trip.py", "--n", "5", "--reps", "2")
     assert "free µs/round trip" in out and "one CPU µs/round trip" in out, out
     for program in ("gather", "sequential"):
-        row = next(line for line in out.splitlines() if line.startswith(f"{program} "))
-        free, pinned = (float(cell) for cell in row.split("|")[1:3])
+        row = table_row(out, f"{program} ")
+        free, pinned = (float(cell) for cell in row[1:3])
         assert free > 0 and pinned > 0, row  # both placements ran the program to its end
