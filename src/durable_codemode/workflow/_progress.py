@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import is_cancelled_exception
+from temporalio.exceptions import TemporalError, is_cancelled_exception
 
 from ..shared._names import (
     STATUS_CANCELLED,
@@ -67,7 +67,8 @@ class RunProgress:
         self.telemetry: RunTelemetry = NO_TELEMETRY
         self._approvals = approvals
         self._turn: int | None = None
-        self._snippet: str | None = None
+        self._snippet_shown: str | None = None
+        """The running snippet's `run_code` call id (the model's: untrusted) as the details show it, escaped once."""
         self._open: set[str] = set()
         """The calls made and not yet settled (their approval wait included): in flight, or waiting for a person."""
         self._done = 0
@@ -94,9 +95,9 @@ class RunProgress:
             gated = sum(1 for call_id in self._open if call_id in pending)
             calls = f"{_calls(len(self._open) - gated)} in flight, " + (
                 f"{gated} waiting for approval, " if gated else "") + f"{self._done} done"
-            if self._snippet is not None:
+            if self._snippet_shown is not None:
                 verb = "waiting" if waiting else "running"
-                where += f": snippet {printable(clip(self._snippet, 80))} {verb}: {calls}"
+                where += f": snippet {self._snippet_shown} {verb}: {calls}"
             elif self._open or self._done:
                 where += f": {calls}"
             lines.append(where)
@@ -121,7 +122,14 @@ class RunProgress:
             self._write_status(status)
 
     def _in_own_workflow(self) -> bool:
-        return workflow.in_workflow() and self._owner is not None and workflow.instance() is self._owner
+        # One lookup of the running workflow, not two (`in_workflow()`, then `instance()`): this runs four times a
+        # tool call. Outside workflow code `instance()` raises, which only the garbage collector's calls meet.
+        if self._owner is None:
+            return False
+        try:
+            return workflow.instance() is self._owner
+        except TemporalError:  # not in a workflow's event loop
+            return False
 
     def _publish_details(self) -> None:
         self._details_due = False
@@ -204,7 +212,8 @@ class RunProgress:
     def model_request(self, coro: Coroutine[Any, Any, ModelResponse], *, turn: int, model: str | None
                       ) -> Coroutine[Any, Any, ModelResponse]:
         """Around a model request: the run is now at model turn `turn`."""
-        self._turn, self._snippet, self._done = turn, None, 0
+        self._turn, self._done = turn, 0
+        self._set_snippet(None)
         self._open.clear()
         self.show()
         return self.telemetry.model_request(coro, turn=turn, model=model)
@@ -215,15 +224,20 @@ class RunProgress:
         return self._snippet_running(self.telemetry.snippet(coro, call_id=call_id, code=code), call_id)
 
     async def _snippet_running(self, coro: Coroutine[Any, Any, SnippetOutcome], call_id: str) -> SnippetOutcome:
-        self._snippet, self._done = call_id, 0
+        self._done = 0
+        self._set_snippet(call_id)
         self._open.clear()
         self.show()
         try:
             return await coro
         finally:
-            self._snippet, self._done = None, 0
+            self._done = 0
+            self._set_snippet(None)
             self._open.clear()
             self.show()
+
+    def _set_snippet(self, call_id: str | None) -> None:
+        self._snippet_shown = None if call_id is None else printable(clip(call_id, 80))
 
     def run_code_refused(self, *, call_id: str, args: dict[str, Any]) -> None:
         """A `run_code` call with arguments it does not take: no snippet runs."""
