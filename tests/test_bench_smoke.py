@@ -49,9 +49,23 @@ def test_replay_costs_times_each_part_of_a_replay() -> None:
 
 @pytest.mark.timeout(150)
 def test_monty_round_trip_times_both_placements() -> None:
-    out = run_bench("monty_round_trip.py", "--n", "5", "--reps", "2")
-    assert "free µs/round trip" in out and "one CPU µs/round trip" in out, out
+    out = run_bench("monty_round_trip.py", "--n", "5", "--reps", "2", "--idle-ms", "5")
+    assert "free µs/round trip" in out and "one CPU µs/round trip" in out and "after idle" in out, out
     for program in ("gather", "sequential"):
         row = table_row(out, f"{program} ")
-        free, pinned = (float(cell) for cell in row[1:3])
-        assert free > 0 and pinned > 0, row  # both placements ran the program to its end
+        free, pinned, idle = float(row[1]), float(row[2]), float(row[4])
+        assert free > 0 and pinned > 0 and idle > 0, row  # every placement ran the program to its end
+
+
+@pytest.mark.timeout(150)
+def test_live_phases_cut_each_run_into_the_same_phases() -> None:
+    out = run_bench("live_phases.py", "--n", "3", "--kinds", "gather", "--reps", "1")
+    for phase in ("start, describe", "model request 1", "program start", "tool calls", "program end",
+                  "model request 2", "end "):
+        table_row(out, phase)
+    # With one run a side, the medians are that run's: its phases cut it end to end, so they add up to it.
+    for side in (1, 2):
+        phases = sum(float(table_row(out, phase)[side]) for phase in (
+            "start, describe", "model request 1", "program start", "tool calls", "program end", "model request 2",
+            "end "))
+        assert abs(phases - float(table_row(out, "whole run")[side])) < 0.5, out
