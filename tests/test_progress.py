@@ -28,6 +28,8 @@ from temporalio.workflow import ActivityHandle
 
 from durable_codemode import pending_approvals, start_run
 from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker
+from durable_codemode.workflow._approval_state import Approvals
+from durable_codemode.workflow._progress import RunProgress
 
 from ._agents import items_agent
 
@@ -77,3 +79,17 @@ async def test_a_dropped_runs_leftovers_write_nothing_into_another_run(client: C
         "CodemodeStatus"].data for e in upserts] == [b'"completed"'], "a dropped run wrote a status into this one"
     await replay(handle)
     await parked.terminate("test over")
+
+
+def test_a_dropped_runs_progress_outside_workflow_code_publishes_nothing() -> None:
+    """A dropped run's leftovers, finished by the garbage collector outside any workflow, touch nothing.
+
+    The collector may also finish a dropped run's coroutines on a worker's own thread, outside any workflow's event
+    loop: there the run's progress must do nothing, and raise nothing (it asks `instance()`, which raises outside
+    workflow code).
+    """
+    progress = RunProgress(Approvals)
+    progress._owner = object()  # the dropped run had started (`RunProgress.run`)
+    progress.show()
+    progress._publish_details()
+    assert not progress._details_due  # nothing was scheduled: there is no workflow loop to schedule on

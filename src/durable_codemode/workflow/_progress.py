@@ -128,7 +128,7 @@ class RunProgress:
             return False
         try:
             return workflow.instance() is self._owner
-        except TemporalError:  # not in a workflow's event loop
+        except TemporalError:  # not in a workflow's event loop (`tests/test_progress.py`)
             return False
 
     def _publish_details(self) -> None:
