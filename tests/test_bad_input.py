@@ -162,17 +162,21 @@ async def test_a_run_without_a_worker_is_a_clear_error_not_a_hang(client: Client
 async def test_a_busy_worker_is_not_called_missing(client: Client) -> None:
     # Before, any query past its deadline said "start a worker", also while one ran, busy with its workflow task
     # slots (34 times while one worker started 1,000 runs). The task queue's pollers tell the two apart.
-    gate = asyncio.Event()
+    gate, holding = asyncio.Event(), asyncio.Event()
     agent = Agent(scripted_model(RunCode("await hold()"), "done"), name="busy-echo")
 
     @agent.tool_plain
     async def hold() -> str:
         """Answer once the test opens its gate."""
+        holding.set()
         await gate.wait()
         return "held"
 
     async with running_worker(client, [CodeModeAgent(agent)]) as worker:
         handle = await start_run(client, "busy-echo", "go", task_queue=worker.task_queue)
+        # Asked only once the worker has taken the run's tasks: a worker that has just started may not have polled
+        # yet, and then the server rightly lists no poller (so the error says to start one).
+        await holding.wait()
         # A deadline no worker can meet (a query takes milliseconds): the worker polls, so it was only not in time.
         busy = f"though 1 worker polls its task queue '{worker.task_queue}'"
         with pytest.raises(WorkerBusyError, match=busy) as error:
