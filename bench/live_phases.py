@@ -31,12 +31,12 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `bench.*` must be importable
 
+from google.protobuf.timestamp_pb2 import Timestamp
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Worker
@@ -59,8 +59,8 @@ class Phases:
     total: float
 
 
-def _ms(at: datetime) -> float:
-    return at.timestamp() * 1e3
+def _ms(at: Timestamp) -> float:
+    return at.ToNanoseconds() / 1e6
 
 
 def phases_of(history: WorkflowHistory) -> Phases:
@@ -78,7 +78,7 @@ def phases_of(history: WorkflowHistory) -> Phases:
     tools: list[tuple[float, float]] = []
     events = list(history.events)
     for event in events:
-        at = _ms(event.event_time.ToDatetime())
+        at = _ms(event.event_time)
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             name = event.activity_task_scheduled_event_attributes.activity_type.name
             scheduled[event.event_id] = (at, "model" in name)
@@ -88,7 +88,7 @@ def phases_of(history: WorkflowHistory) -> Phases:
     if len(models) != 2 or not tools:
         raise ValueError(f"run {history.workflow_id}: {len(models)} model requests and {len(tools)} tool calls; "
                          "a scenario's run has two model requests around its tool calls")
-    begin, finish = _ms(events[0].event_time.ToDatetime()), _ms(events[-1].event_time.ToDatetime())
+    begin, finish = _ms(events[0].event_time), _ms(events[-1].event_time)
     (m1_start, m1_end), (m2_start, m2_end) = sorted(models)
     first_tool = min(start for start, _ in tools)
     last_tool = max(end for _, end in tools)

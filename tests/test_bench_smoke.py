@@ -60,12 +60,9 @@ def test_monty_round_trip_times_both_placements() -> None:
 @pytest.mark.timeout(150)
 def test_live_phases_cut_each_run_into_the_same_phases() -> None:
     out = run_bench("live_phases.py", "--n", "3", "--kinds", "gather", "--reps", "1")
-    for phase in ("start, describe", "model request 1", "program start", "tool calls", "program end",
-                  "model request 2", "end "):
-        table_row(out, phase)
+    phases = ("start, describe", "model request 1", "program start", "tool calls", "program end", "model request 2",
+              "end ")
     # With one run a side, the medians are that run's: its phases cut it end to end, so they add up to it.
     for side in (1, 2):
-        phases = sum(float(table_row(out, phase)[side]) for phase in (
-            "start, describe", "model request 1", "program start", "tool calls", "program end", "model request 2",
-            "end "))
-        assert abs(phases - float(table_row(out, "whole run")[side])) < 0.5, out
+        total = sum(float(table_row(out, phase)[side]) for phase in phases)
+        assert abs(total - float(table_row(out, "whole run")[side])) < 0.5, out
