@@ -39,6 +39,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 
 from .client._devserver import start_dev_server
+from .history._capture import REPLAY_BUILD_ID
 from .shared._names import RUN_CODE_TOOL
 from .worker._agent import CodeModeAgent
 from .worker._context import ToolCallContext, bind_call
@@ -235,7 +236,7 @@ async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]
     # debug_mode: offline there is no 2 s deadlock detector, so no replay depends on this machine's speed.
     client = handle._client  # not pydantic-ai: temporalio's WorkflowHandle keeps its client private
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
-                        workflow_runner=workflow_runner(), debug_mode=True)
+                        workflow_runner=workflow_runner(), debug_mode=True, build_id=REPLAY_BUILD_ID)
     results = []
     for history in await fetch_chain_histories(handle):
         results.append(await replayer.replay_workflow(history))

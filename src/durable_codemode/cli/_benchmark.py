@@ -48,7 +48,7 @@ from temporalio.worker import Replayer
 from .._bundled import bundled_apps
 from .._outcome import EXIT_FAILED, EXIT_OK, run_failure_reason
 from ..client._runs import start_run
-from ..history._capture import failure_message
+from ..history._capture import REPLAY_BUILD_ID, failure_message
 from ..shared._errors import CodeModeUserError
 from ..testing import fetch_chain_histories
 from ..worker._agent import CodeModeAgent
@@ -109,7 +109,8 @@ def check_model(model: str) -> None:
 async def _replay(histories: Sequence[Any], client: Client) -> tuple[bool, str | None, float]:
     # The client's converter, so runs whose large payloads live in a payload store replay too.
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
-                        workflow_runner=workflow_runner(), debug_mode=True)  # offline: no deadlock detector
+                        workflow_runner=workflow_runner(), debug_mode=True,  # offline: no deadlock detector
+                        build_id=REPLAY_BUILD_ID)
     started = time.perf_counter()
     try:
         for history in histories:
