@@ -199,7 +199,10 @@ async def decide(
         raise CodeModeUserError(f"seen= is {where}'s listed call, not call {call_id!r} of run {run_id!r}: pass the "
                                 "PendingApproval of the call decided, and decide it on the run it waits in "
                                 "(decide(client, p.run_id or run_id, p.call_id, seen=p))")
-    if signer is not None and seen is None:
+    # A signed decision covers what the approver saw: the call as the run lists it. A closed run lists nothing, and
+    # a query of it waits for a worker to replay it (the whole `timeout` when none polls: measured 10-12 s per
+    # `codemode deny --key` of a closed run), so a closed run is not asked: the update says what holds.
+    if signer is not None and seen is None and await closed_run(client, run_id) is None:
         try:
             listed = await on_run(client, run_id, run_handle(client, run_id).query(
                 CodeModeRunWorkflow.pending_approvals, rpc_timeout=timeout), timeout)
