@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from ._forked import run_script
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def run_bench(script: str, *args: str) -> str:
-    """Run `bench/<script>` with `args` in a subprocess (at most 120 s); assert it exits 0, return its stdout."""
-    proc = subprocess.run([sys.executable, str(BENCH / script), *args],
-                          capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
-    return proc.stdout
+    """Run `bench/<script>` with `args` in a child process (at most 120 s); assert it exits 0, return its stdout.
+
+    A process forked from one that has imported the package already (`tests/_forked.py`): the script runs as
+    `__main__` with its own arguments, streams and exit status, without paying the import again.
+    """
+    code, out, err = run_script(BENCH / script, args, timeout=120)
+    assert code == 0, f"exit {code}\nstdout:\n{out}\nstderr:\n{err}"
+    return out
 
 
 def table_row(out: str, label: str) -> list[str]:

@@ -37,8 +37,9 @@ from durable_codemode.testing import RunCode, last_result, new_task_queue, repla
 
 from . import _rules_worker
 from ._agents import items_agent
+from ._forked import run_codemode
 from .test_approvals import refunds_agent, wait_pending
-from .test_demo import _cli, _cli_env
+from .test_demo import _cli_env
 
 CODE = """a = await get(i=1)
 b = await get(i=2)
@@ -54,13 +55,9 @@ def echo(messages: Any) -> str:
 
 
 async def codemode(*args: str, address: str | None = None) -> tuple[int, str, str]:
-    """Run `codemode` in a subprocess; `address=None` points it at a port where no server listens."""
-    proc = await asyncio.create_subprocess_exec(
-        *_cli(*args), env=_cli_env(TEMPORAL_ADDRESS=address or "127.0.0.1:1"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).parent.parent,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    return proc.returncode or 0, out.decode(), err.decode()
+    """Run `codemode` in a child process (`tests/_forked.py`); `address=None` points it at a port no server has."""
+    return await run_codemode(args, env=_cli_env(TEMPORAL_ADDRESS=address or "127.0.0.1:1"),
+                              cwd=Path(__file__).parent.parent, timeout=120)
 
 
 def address(client: Client) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -20,6 +19,8 @@ from durable_codemode.apps.activities.cart import CartStore, check_removed_over,
 from durable_codemode.apps.workflows.cart import DEMO_PROMPT, MODEL_ENV, cart_agent, scripted_cart_model
 from durable_codemode.history._trace import render_tree
 from durable_codemode.testing import new_task_queue, replay, running_worker
+
+from ._forked import run_codemode
 
 _ANSWER = re.compile(
     r"Removed (\d+) lines over \$50 each \(\$([\d,]+)\.(\d\d)\); (\d+) lines remain \(\$([\d,]+)\.(\d\d)\)\."
@@ -82,6 +83,7 @@ async def test_cart_agent_removes_lines_over_50_exactly_once(client: Client, sto
     await replay(handle)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_demo_command(tmp_path: Path) -> None:
     done = subprocess.run(_cli("demo"), cwd=tmp_path, env=_cli_env(), capture_output=True, text=True,
@@ -104,13 +106,7 @@ def test_run_against_an_unreachable_server_exits_2_naming_the_address(tmp_path: 
 
 async def _codemode(address: str, *args: str) -> tuple[int, str, str]:
     # Asynchronous, because the worker serving the run lives on this test's event loop.
-    proc = await asyncio.create_subprocess_exec(
-        *_cli(*args), env=_cli_env(TEMPORAL_ADDRESS=address),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_codemode(args, env=_cli_env(TEMPORAL_ADDRESS=address), timeout=60)
 
 
 @pytest.mark.timeout(120)
