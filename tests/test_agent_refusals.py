@@ -8,6 +8,8 @@ from pydantic_ai.capabilities import Hooks
 
 from durable_codemode import CodeModeAgent, CodeModeUserError
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def test_capabilities_are_refused_by_the_hooks_a_durable_run_would_not_call() -> None:
     hooks = Hooks()

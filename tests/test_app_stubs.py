@@ -15,6 +15,8 @@ from durable_codemode.apps.workflows.kanban import KANBAN_TASK
 from durable_codemode.apps.workflows.tasks import Task
 from durable_codemode.worker._describe import describe_run
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 @pytest.mark.parametrize("task", [CART_TASK, CALENDAR_TASK, CHAT_TASK, KANBAN_TASK, INVENTORY_TASK],
                          ids=lambda t: t.name)

@@ -68,6 +68,7 @@ async def signed_batch(client: Client, handle: WorkflowHandle[Any, Any], call_id
             "expires_at": expires.isoformat()}
 
 
+@pytest.mark.slow
 async def test_an_update_id_belongs_to_its_approver_and_nobody_else_can_take_it(client: Client,
                                                                               tmp_path: Path) -> None:
     refunds: list[str] = []

@@ -211,8 +211,8 @@ async def test_worker_restarted_while_paused_then_approved(client: Client) -> No
     await replay(handle)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.pydantic_ai_independent
 async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> None:
     refunds: list[tuple[str, int]] = []
     code = "state = {'rows': list(range(1000))}\nawait refund(order='K', cents=len(state['rows']))"

@@ -217,6 +217,7 @@ async def test_cli_entry_point_without_a_server() -> None:
     assert time.monotonic() - started < 30  # the process's imports included, on a shared machine
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_cli_bad_input(client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                              capsys: pytest.CaptureFixture[str]) -> None:

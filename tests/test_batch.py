@@ -181,7 +181,6 @@ async def _until(check: Callable[[], Awaitable[bool]], worker: WorkerProcess, wh
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.pydantic_ai_independent
 async def test_killed_worker_mid_batch_the_retry_runs_only_the_calls_not_done(client: Client,
                                                                               tmp_path: Path) -> None:
     task_queue = new_task_queue("batch-kill")

@@ -43,6 +43,8 @@ RECORDED_BY_0_1 = ["before_parking.json", "before_sandbox_guards.json", "before_
 PROGRAM = """
 import asyncio, random, time
 from datetime import datetime
+
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
 picks = [random.randint(0, 9) for _ in range(3)]
 values = await asyncio.gather(*(get(i=p) for p in picks))
 started = datetime.now()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from pydantic_ai import Agent
 from pydantic_ai.models import Model
 from temporalio.client import Client
@@ -29,6 +30,7 @@ def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
                           text=True, timeout=timeout, env=_CLEAN_ENV, check=False)
 
 
+@pytest.mark.slow
 def test_bench_command_runs_the_cart_task_in_both_modes_and_writes_json_and_plot(tmp_path: Path) -> None:
     rows_file, plot_file = tmp_path / "rows.json", tmp_path / "plot.png"
     done = _bench("--tasks", "cart.remove-over-50", "--n", "5,20", "--json", str(rows_file),

@@ -41,8 +41,6 @@ from durable_codemode.testing import new_task_queue, replay
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent
 from ._workers import WorkerFleet, WorkerProcess, worker_fleet
 
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
-
 SEED = 20261202
 RUNS = 30
 KILLS = 5
@@ -120,6 +118,7 @@ async def _wait_for_effects(ledger: Ledger, count: int, fleet: WorkerFleet, work
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_runs_survive_worker_kills_and_a_server_restart(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], record_property: Callable[[str, object], None]) -> None:

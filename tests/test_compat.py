@@ -16,6 +16,8 @@ from temporalio.api.common.v1 import Payload
 import durable_codemode
 from durable_codemode.shared import _names
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def test_persisted_names_are_pinned() -> None:
     # Every one of these is written into histories; renaming any of them makes running workflows unreplayable.

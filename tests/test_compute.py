@@ -223,7 +223,7 @@ async def test_a_runaway_inside_one_builtin_is_the_runaway_at_its_limit(client: 
     assert computed == ["call_0.compute.0"], computed  # one compute activity: it ended the snippet
 
 
-@pytest.mark.pydantic_ai_independent
+@pytest.mark.slow
 async def test_a_killed_worker_mid_compute_is_retried_on_another(env: WorkflowEnvironment, tmp_path: Path) -> None:
     client = env.client
     task_queue = new_task_queue("compute-kill")
@@ -262,6 +262,7 @@ async def _compute_attempt_started(handle: WorkflowHandle[Any, Any]) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_without_a_payload_store_a_state_too_big_to_record_fails_clearly(client: Client) -> None:
     # 200k rows, then 3 s of compute in the same stretch: it goes on in the activity, and where it gets to (the
     # rows, a 28 MB dump, 3.4 MB compressed) is over what an activity may return without a payload store.

@@ -25,6 +25,8 @@ from durable_codemode.shared._types import AgentSpec
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.worker._describe import describe_run
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def get_forecast(city: str, days: int = 3) -> list[str]:
     """The weather forecast for a city, one line a day."""

@@ -76,6 +76,7 @@ async def listed(address: str, *args: str, expect: str, absent: str | None = Non
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_paused_run_stays_on_its_version_across_a_deploy_checked_first(env: WorkflowEnvironment,
                                                                                tmp_path: Path) -> None:

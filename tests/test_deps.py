@@ -43,6 +43,8 @@ from durable_codemode.testing import (
     scripted_model,
 )
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 @dataclass
 class Tenant:

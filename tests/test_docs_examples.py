@@ -591,6 +591,9 @@ def docs_env(env: WorkflowEnvironment, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setenv("TEMPORAL_ADDRESS", env.client.service_client.config.target_host)
     monkeypatch.setenv("TEMPORAL_NAMESPACE", env.client.namespace)
     monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "no-temporal.toml"))
+    # The pages show piped output, which the CLI draws 100 columns wide (`cli/_output.tree_width`); pytest-xdist's
+    # workers set COLUMNS=80, and a developer's terminal something else.
+    monkeypatch.setenv("COLUMNS", "100")
     for name in ("TEMPORAL_PROFILE", "TEMPORAL_API_KEY", "TEMPORAL_TLS", "CODEMODE_MODEL", "CODEMODE_PAYLOAD_STORE",
                  "CODEMODE_REPL_KEY"):
         monkeypatch.delenv(name, raising=False)

@@ -32,8 +32,6 @@ from durable_codemode.testing import new_task_queue, replay
 from ._ledger_worker import AGENT, Ledger, LedgerTask, ledger_agent
 from ._workers import worker_fleet
 
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
-
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -91,6 +89,7 @@ class Follower:
                 await asyncio.wait_for(self.changed.wait(), 1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_a_subscriber_sees_each_event_once_across_a_worker_kill_and_a_server_restart(tmp_path: Path) -> None:
     port = _free_port()

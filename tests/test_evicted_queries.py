@@ -15,6 +15,7 @@ import asyncio
 import time
 from datetime import timedelta
 
+import pytest
 from pydantic_ai import Agent
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -49,6 +50,7 @@ def _agent(name: str) -> CodeModeAgent:
     return CodeModeAgent(agent)
 
 
+@pytest.mark.slow
 async def test_waiting_for_approvals_never_stalls_a_run_on_a_worker_without_a_cache(client: Client) -> None:
     agent = _agent("evicted-queries")
     tq = new_task_queue()

@@ -33,6 +33,8 @@ from durable_codemode import RunFailedError, RunResult
 from durable_codemode import run_agent as durable_run_agent
 from durable_codemode.testing import CallTool, FinalOutput, RunCode, last_result, replay, scripted_model, user_prompt
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 NAMES = ("bank_support", "sql_gen", "weather_agent", "flight_booking", "rag")
 
 

@@ -6,9 +6,8 @@ import pytest
 
 from ._bench import run_bench
 
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_failover_bench_runs_and_prints_the_table() -> None:
     out = run_bench("failover.py", "--sticky", "1", "--reps", "1", "--runs", "2", "--calls", "6")

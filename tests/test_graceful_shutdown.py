@@ -28,6 +28,7 @@ TASK = LedgerTask(account="sigterm", gathers=0, width=0, sequential=2, pause_ms=
 """Two deposits of 2.5 s each, one after the other, then a balance read: the first is cut by the SIGTERM."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_a_sigterm_lets_the_running_tool_call_finish_and_it_runs_once(env: WorkflowEnvironment,
                                                                             tmp_path: Path) -> None:

@@ -264,6 +264,7 @@ async def deny_first(client: Client, handle: WorkflowHandle[Any, Any]) -> None:
     raise AssertionError("the program never asked for approval")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SECRET_ENV, "hunter2")

@@ -39,6 +39,8 @@ from durable_codemode.worker._describe import describe_run
 
 from ._mcp_server import PNG
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 SERVER = str(Path(__file__).with_name("_mcp_server.py"))
 _QUIET = {"FASTMCP_LOG_LEVEL": "ERROR"}
 
@@ -61,8 +63,27 @@ def _snippets(result: Any) -> list[Any]:
     return [s for t in result.turns for s in t.snippets]
 
 
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # pid (comm) state ppid: comm may hold spaces
+
+
+def _descends_from_us(pid: int) -> bool:
+    while pid > 1:
+        pid = _parent(pid)
+        if pid == os.getpid():
+            return True
+    return False
+
+
 def _server_pids() -> list[int]:
-    """The pids of the test MCP servers running now (children of this process or not)."""
+    """The pids of the test MCP servers running now that this test process started (directly or not).
+
+    Other test processes run their own servers at the same time (the suite runs in several): theirs are not ours.
+    """
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -70,7 +91,7 @@ def _server_pids() -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if SERVER.encode() in cmdline:
+            if SERVER.encode() in cmdline and _descends_from_us(int(entry.name)):
                 pids.append(int(entry.name))
     return pids
 

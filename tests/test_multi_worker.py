@@ -48,8 +48,8 @@ async def _wait_for_effects(ledger: Ledger, count: int, timeout: float = 120) ->
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.pydantic_ai_independent
 async def test_killed_worker_runs_finish_on_the_other_exactly_once(env: WorkflowEnvironment, tmp_path: Path) -> None:
     client = env.client
     task_queue = new_task_queue("multi")
@@ -133,8 +133,8 @@ async def test_workers_run_few_workflow_tasks_at_once(env: WorkflowEnvironment, 
         create_worker(env.client, agents, task_queue=new_task_queue(), max_concurrent_workflow_tasks=pool + 1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.pydantic_ai_independent
 async def test_model_request_lost_with_its_worker_is_retried_after_the_heartbeat_timeout(
         env: WorkflowEnvironment, tmp_path: Path) -> None:
     """A model request heartbeats: killed with its worker, it is retried after 10 s, not after its 5 minutes."""

@@ -243,6 +243,7 @@ async def test_span_tree_of_a_run_with_a_gather_an_error_and_an_approval_survive
     await replay(handle)
 
 
+@pytest.mark.slow
 async def test_an_attempt_cut_off_by_a_worker_shutdown_says_so_and_is_an_error(
     client: Client, exporter: InMemorySpanExporter
 ) -> None:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("test_packaging")  # one wheel and venv built for the module, in one test process
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,6 +79,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InstalledWhe
     yield InstalledWheel(wheel=wheel, python=python, site_packages=site)
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_no_top_level_name_but_ours(installed: InstalledWheel) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = wheel.namelist()

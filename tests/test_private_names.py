@@ -13,6 +13,9 @@ import functools
 from pathlib import Path
 
 import pydantic_ai
+import pytest
+
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
 
 ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "src" / "durable_codemode" / "_pydantic_ai.py"

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from bench.profile_run import HAND_OFF, IDLE, WARM_UP, part_of, read_samples, thread_kind
 from durable_codemode.worker import _pool
-
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 
 WORKFLOW = "thread (11): cm-workflow-task_0"
 LOOP = "thread (1): MainThread"

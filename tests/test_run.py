@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from pydantic_ai import Agent
 from temporalio.client import Client
 
@@ -16,6 +17,8 @@ from durable_codemode.testing import (
     running_worker,
     scripted_model,
 )
+
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
 
 
 @dataclass

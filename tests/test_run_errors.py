@@ -31,6 +31,8 @@ from durable_codemode.testing import FinalOutput, RunCode, new_task_queue, repla
 
 from .test_debugging import address, codemode
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def _limited(name: str) -> tuple[Agent[None, str], dict[str, Any]]:
     agent = Agent(scripted_model(RunCode("1 + 1"), "done"), name=name, instructions="Use run_code.")

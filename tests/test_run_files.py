@@ -213,6 +213,7 @@ open("a.txt").read()
 they sometimes finished under the backstop, in workflow code, and the test failed; 20M keep twice the margin.)"""
 
 
+@pytest.mark.slow
 async def test_file_calls_around_compute_that_goes_on_in_the_compute_activity(client: Client) -> None:
     result, _ = await run(client, RunCode(COMPUTE_BETWEEN_FILE_CALLS), echo, files=RunFiles())
     assert eval(result.output)["result"] == "before after", result.output

@@ -30,6 +30,8 @@ from durable_codemode.shared._activity_io import OutputVerdict
 from durable_codemode.shared._types import OutputSpec
 from durable_codemode.workflow._loop import NOT_RUN, RunLoop, check_counted, count_response, unknown_tool
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 

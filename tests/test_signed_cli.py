@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from durable_codemode import start_run, wait_for_approvals
@@ -104,6 +105,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 async def test_codemode_dev_reads_the_approvers_from_the_environment(tmp_path: Path) -> None:
     files = key_files(tmp_path)
     rc, _, err = await codemode("dev", "--db", str(tmp_path / "dev.sqlite"), "--approver-keys",

@@ -133,6 +133,7 @@ def assert_each_once(spans: list[dict[str, Any]], handles: list[WorkflowHandle[A
         assert {(name, call) for _, name, call in copies} == expected_steps(task)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_worker_replaced_mid_run_while_a_client_queries_exports_each_span_once(
         env: WorkflowEnvironment, tmp_path: Path) -> None:
@@ -140,6 +141,7 @@ async def test_a_worker_replaced_mid_run_while_a_client_queries_exports_each_spa
     assert_each_once(spans, handles)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_workers_without_a_workflow_cache_export_each_span_once(env: WorkflowEnvironment, tmp_path: Path
                                                                        ) -> None:
@@ -167,6 +169,7 @@ async def _taken_by(handle: WorkflowHandle[Any, Any]) -> dict[str, str]:
     return taken
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_a_killed_worker_never_makes_a_span_exported_twice(env: WorkflowEnvironment, tmp_path: Path) -> None:
     spans, handles, victim = await run_scenario(env, tmp_path, TASKS[:2], cache=None, queries=False, disrupt="kill")

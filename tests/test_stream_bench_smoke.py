@@ -6,9 +6,8 @@ import pytest
 
 from ._bench import run_bench
 
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
 
-
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_stream_bench_runs_and_prints_the_table() -> None:
     out = run_bench("stream_bench.py", "--reps", "1", "--calls", "3", "--gather", "5", "--tokens", "30")

@@ -17,6 +17,8 @@ from temporalio.client import Client
 from durable_codemode import CodeModeAgent, InvalidRunInputError, start_run
 from durable_codemode.testing import new_task_queue, replay, running_worker
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 @dataclass
 class User:

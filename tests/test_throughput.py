@@ -88,6 +88,7 @@ async def failed_tasks(handle: WorkflowHandle[Any, Any]) -> list[str]:
             if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_more_runs_than_sandbox_processes_queue_and_all_complete(client: Client, small_pool: int) -> None:
     effects = Effects()

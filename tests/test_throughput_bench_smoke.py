@@ -6,8 +6,6 @@ import pytest
 
 from ._bench import run_bench, table_row
 
-pytestmark = pytest.mark.pydantic_ai_independent  # the second pass, on the oldest pydantic-ai, leaves it out
-
 
 @pytest.mark.timeout(150)
 def test_throughput_bench_runs_and_prints_the_table() -> None:

@@ -13,6 +13,8 @@ from temporalio.client import Client, WorkflowFailureError
 from durable_codemode import CodeModeAgent, start_run
 from durable_codemode.testing import CallTool, new_task_queue, replay, running_worker, scripted_model
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def flaky_agent(name: str, *steps: object, fails: int, retries: int) -> CodeModeAgent:
     agent = Agent(scripted_model(*steps), name=name, retries=retries)  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ from durable_codemode.testing import CallTool, RunCode, last_result
 from ._agents import Effects
 from .test_snippets import echo, run
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 
 def scheduled(history: Any) -> list[str]:
     return [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events

@@ -29,6 +29,8 @@ from durable_codemode.debugging import register_agents
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.ui import UIAccess, serve_ui
 
+pytestmark = pytest.mark.xdist_group("test_ui_browser")  # one browser launched for the module, in one test process
+
 CHROMIUM = "/usr/bin/chromium"
 _ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run",
          "--disable-component-update", "--disable-sync"]
@@ -160,6 +162,7 @@ async def test_a_hostile_run_runs_no_script_and_shows_its_text_escaped(
     await replay(handle)
 
 
+@pytest.mark.slow
 async def test_bad_input_is_told_on_the_page_and_nothing_is_decided_twice(
         client: Client, browser: Browser, tmp_path: Path) -> None:
     agent = guarded(tmp_path)

@@ -34,6 +34,8 @@ from durable_codemode import CodeModeAgent, CodeModeUserError, ToolOptions
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 from durable_codemode.ui import UIAccess, chat_app
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 ADD = {"product": "espresso machine", "unit_price_cents": 15000}
 PROMPTS = ["Add an espresso machine for $150", "How many lines do I have?"]
 

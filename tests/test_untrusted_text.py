@@ -86,7 +86,7 @@ async def shown(client: Client, *args: str, rc: int = 0) -> str:
     return out
 
 
-@pytest.mark.pydantic_ai_independent
+@pytest.mark.slow
 async def test_no_command_prints_a_runs_text_raw(client: Client, tmp_path: Path) -> None:
     name = f"hostile-{uuid.uuid4().hex[:6]}"
     run_id = f"{name}-{ARGV}"

@@ -36,6 +36,8 @@ from durable_codemode.workflow._run import CodeModeRunWorkflow
 
 from .test_bad_input import never_started
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 NO_GROQ = importlib.util.find_spec("groq") is None
 
 

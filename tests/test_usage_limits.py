@@ -19,6 +19,8 @@ from durable_codemode.testing import RunCode, new_task_queue, replay, running_wo
 
 from ._agents import items_agent
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 GATHER_3 = "import asyncio\nawait asyncio.gather(*(get(i=i) for i in range(3)))"
 
 
