@@ -53,7 +53,9 @@ async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None 
     # Large payloads kept in a payload store are references in the history: read them back once, here, so every
     # tool reading this history sees values.
     history = await resolve_history(history, stores_of(client.data_converter) or env_stores())
-    return await decode_history(history, client.data_converter.payload_codec) if decrypt else history
+    if not decrypt:
+        return history
+    return await decode_history(history, client.data_converter.payload_codec, namespace=client.namespace)
 
 
 async def fetch_chain(client: Client, workflow_id: str, *, decrypt: bool = True) -> list[WorkflowHistory]:

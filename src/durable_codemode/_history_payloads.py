@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
@@ -19,11 +19,12 @@ from temporalio.api.common.v1 import Payload
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
-from temporalio.converter import PayloadCodec
+from temporalio.converter import PayloadCodec, WithSerializationContext, WorkflowSerializationContext
 
 from ._encryption import KEY_ID_METADATA, is_encrypted
 
-__all__ = ["decode_events", "decode_history", "decrypt_events", "encrypted_key_ids", "payload_fields"]
+__all__ = ["decode_events", "decode_history", "decrypt_events", "encrypted_key_ids", "for_run",
+           "payload_fields"]
 
 
 def _messages(message: Message) -> Iterator[Message]:
@@ -104,9 +105,18 @@ def decrypt_events(events: Sequence[HistoryEvent], decrypt: Callable[[list[Paylo
             _apply(event, payloads, decrypt(payloads))
 
 
-async def decode_history(history: WorkflowHistory, codec: PayloadCodec | None) -> WorkflowHistory:
+def for_run(codec: PayloadCodec | None, namespace: str, workflow_id: str) -> PayloadCodec | None:
+    """`codec` told which run its payloads belong to (ours then names the run in its errors)."""
+    if isinstance(codec, WithSerializationContext):
+        return cast(PayloadCodec, codec.with_context(WorkflowSerializationContext(namespace=namespace,
+                                                                                  workflow_id=workflow_id)))
+    return codec
+
+
+async def decode_history(history: WorkflowHistory, codec: PayloadCodec | None, *, namespace: str = "default"
+                         ) -> WorkflowHistory:
     """`history` with every payload decoded by `codec`, in place (returns it); `None`: as it is."""
-    await decode_events(history.events, codec)
+    await decode_events(history.events, for_run(codec, namespace, history.workflow_id))
     return history
 
 
