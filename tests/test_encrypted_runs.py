@@ -7,11 +7,14 @@ nothing process-wide is set, and a client with `encryption=False` reads the hist
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from pydantic_ai import Agent
 from temporalio.api.common.v1 import WorkflowExecution
@@ -32,7 +35,7 @@ from durable_codemode import (
     start_run,
     wait_for_approvals,
 )
-from durable_codemode._encryption import KEY_ID_METADATA, is_encrypted
+from durable_codemode._encryption import ENCRYPTION_KEYS_ENV, KEY_ID_METADATA, is_encrypted
 from durable_codemode._history_fetch import fetch_chain, histories_from_json, histories_to_json
 from durable_codemode._history_payloads import payload_fields
 from durable_codemode.client._devserver import temporal_cli_path
@@ -199,3 +202,58 @@ async def test_a_worker_missing_the_key_fails_only_the_task_and_the_run_waits_fo
         result = await asyncio.wait_for(handle.result(), 60)
     assert f"{M}-answer" in result.output
     await replay(handle)
+
+
+async def codemode(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_codemode.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_codemode_commands_export_encrypted_and_read_with_the_key_file(env: WorkflowEnvironment,
+                                                                               tmp_path: Path) -> None:
+    key_file = tmp_path / "keys"
+    key_file.write_text(EncryptionKeys.new_entry("k7") + "\n")
+    client = await connect(address(env), encryption=key_file)
+    name = f"cli{os.urandom(3).hex()}"
+    agent = Agent(scripted_model(RunCode(f"await lookup(key='{M}-argument')"), lambda m: "done"), name=name)
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        """A database row."""
+        return f"{M}-result"
+
+    task_queue = new_task_queue()
+    async with running_worker(client, [CodeModeAgent(agent)], task_queue=task_queue):
+        handle = await start_run(client, name, "go", task_queue=task_queue)
+        await handle.result()
+    base = {k: v for k, v in os.environ.items() if k not in ("TEMPORAL_ADDRESS", ENCRYPTION_KEYS_ENV)}
+    keyed = {**base, "TEMPORAL_ADDRESS": address(env), ENCRYPTION_KEYS_ENV: str(key_file)}
+    exported = tmp_path / "run.json"
+    rc, _, err = await codemode("history", handle.id, "-o", str(exported), env=keyed)
+    assert rc == 0, err
+    assert M not in exported.read_text() and "k7" in exported.read_text()  # exported as stored: encrypted
+    rc, out, err = await codemode("trace", "--history", str(exported), env=keyed)
+    assert rc == 0 and f"{M}-argument" in out and f"{M}-result" in out, err
+    rc, out, err = await codemode("trace", "--history", str(exported), env=base)
+    assert rc == 2 and f"run {handle.id!r} is encrypted (key 'k7')" in err and ENCRYPTION_KEYS_ENV in err, err
+    rc, out, err = await codemode("history", handle.id, "--decrypt", env=keyed)
+    assert rc == 0 and f"{M}-result" in base64_texts(out), err
+
+
+def base64_texts(history_json: str) -> str:
+    """Every payload's data of a history file, decoded: plaintext payloads are base64 in Temporal's JSON."""
+    found = []
+    for event in json.loads(history_json)["events"]:
+        stack: list[object] = [event]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                if isinstance(item.get("data"), str) and "metadata" in item:
+                    found.append(base64.b64decode(item["data"]).decode(errors="replace"))
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    return "\n".join(found)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
+from .._encryption import ENCRYPTION_KEYS_ENV
 from ..client._listing import RUN_STATES
 from ..client._signer import KEY_ENV
 from ..shared._names import DEFAULT_TASK_QUEUE
@@ -196,12 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "turned signing off")
         cmd.set_defaults(handler=handler)
 
-    keygen = commands.add_parser("keygen", help="make an approver's signing key",
+    keygen = commands.add_parser("keygen", help="make an approver's signing key, or a payload encryption key",
                                  description="Write a new Ed25519 key for APPROVER to FILE (mode 0600) and print "
-                                 "its public entry, for the workers' create_worker(approver_keys=...) file.")
-    keygen.add_argument("approver", metavar="APPROVER", help="the approver's name, as approver policies name them")
+                                 "its public entry, for the workers' create_worker(approver_keys=...) file. With "
+                                 "--encryption: write a new AES-256 key entry (id:base64key) to FILE (mode 0600), for "
+                                 f"{ENCRYPTION_KEYS_ENV} on every client, worker and codemode command.")
+    keygen.add_argument("approver", metavar="APPROVER", nargs="?",
+                        help="the approver's name, as approver policies name them (not with --encryption)")
     keygen.add_argument("-o", "--output", metavar="FILE", required=True, help="where to write the private key")
-    keygen.add_argument("--key-id", help="the key's id (default: APPROVER-<8 hex digits>)")
+    keygen.add_argument("--key-id", help="the key's id (default: APPROVER-<8 hex digits>; with --encryption, "
+                        "k<date>-<6 hex digits>)")
+    keygen.add_argument("--encryption", action="store_true", help="a key that encrypts run payloads "
+                        "(docs/operations.md#encrypting-histories) instead of an approver's signing key")
     keygen.set_defaults(handler=keygen_command)
 
     audit = commands.add_parser("audit", help="a run's approval audit trail",
@@ -237,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     history.add_argument("--chain", action="store_true", help="every run of the continue-as-new chain, first to "
                          "last (default: the latest run)")
+    history.add_argument("--decrypt", action="store_true", help="write the payloads decrypted (default: an encrypted "
+                         f"run's history stays encrypted; trace and replay read it with {ENCRYPTION_KEYS_ENV})")
     history.set_defaults(handler=history_command)
 
     trace = commands.add_parser("trace", help="a run as a tree: turns, snippets, calls, approvals",
