@@ -14,6 +14,7 @@ from ..client._listing import RUN_STATES
 from ..client._signer import KEY_ENV
 from ..shared._names import DEFAULT_TASK_QUEUE
 from ..ui import DEFAULT_UI_PORT
+from ..ui._codec_server import CODEC_TOKEN_ENV, DEFAULT_CODEC_PORT
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from ._approvals import approvals_command, approve_command, audit_command, deny_command, keygen_command
 from ._benchmark import add_bench_command
@@ -23,7 +24,7 @@ from ._history import history_command, replay_command, trace_command
 from ._output import ADDRESS_ENV
 from ._runs import runs_command, start_command, watch_command
 from ._serving import DEFAULT_DEV_PORT, DEV_SERVER_DB, dev_command, worker_command
-from ._ui import ui_command
+from ._ui import codec_server_command, ui_command
 
 
 def _duration(text: str) -> timedelta:
@@ -132,6 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--allow-remote", action="store_true", help="bind beyond loopback (put it behind TLS: the "
                     "token travels in every request)")
     ui.set_defaults(handler=ui_command)
+
+    codec = commands.add_parser(
+        "codec-server", help="decrypt encrypted runs for the Temporal UI and CLI (a codec server)",
+        description=f"Serve Temporal's codec server protocol (POST /encode, /decode) with the keys of "
+        f"{ENCRYPTION_KEYS_ENV}, so the Temporal UI (Settings > Codec Server) and `temporal --codec-endpoint` show "
+        f"encrypted runs decoded. Browsers may call it only from the UI origins given; with {CODEC_TOKEN_ENV} set, "
+        "every request needs `Authorization: Bearer <token>`.")
+    codec.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1; another needs "
+                       f"--allow-remote and {CODEC_TOKEN_ENV})")
+    codec.add_argument("--port", type=_port, default=DEFAULT_CODEC_PORT,
+                       help=f"the port (default: {DEFAULT_CODEC_PORT})")
+    codec.add_argument("--origin", action="append", metavar="URL", help="a Temporal UI origin browsers may call it "
+                       "from, e.g. https://temporal.example.com (repeat; default: the dev server's UI, "
+                       "http://localhost:8233 and http://127.0.0.1:8233)")
+    codec.add_argument("--namespace", action="append", metavar="NS", help="answer for this namespace only (repeat; "
+                       "default: any)")
+    codec.add_argument("--allow-remote", action="store_true", help="bind beyond loopback (with a token, behind TLS)")
+    codec.set_defaults(handler=codec_server_command)
 
     worker = commands.add_parser("worker", help="a worker for the bundled agents",
                                  description=f"Serve the bundled agents on {ADDRESS_ENV}; when it is unset, "
