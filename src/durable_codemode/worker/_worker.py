@@ -161,6 +161,8 @@ def _our_converter(existing: DataConverter | None, keys: EncryptionKeys | None) 
     """
     if existing is None or existing is DataConverter.default:
         converter = DATA_CONVERTER
+    elif existing.payload_converter_class is DATA_CONVERTER.payload_converter_class:  # ours already
+        converter = existing
     else:
         converter = dataclasses.replace(existing, payload_converter_class=DATA_CONVERTER.payload_converter_class)
     return converter if keys is None else with_encryption(converter, keys)
