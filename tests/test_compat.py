@@ -596,3 +596,25 @@ def test_every_agent_option_is_applied_or_refused() -> None:
     new = set(inspect.signature(Agent.__init__).parameters) - known - {"self"}
     assert not new, (f"pydantic-ai's Agent takes options durable-codemode does not know: {sorted(new)}; apply each "
                      "(and document it in docs/agents.md) or refuse it by name in worker/_agent.py's _unsupported")
+
+
+def test_the_encrypted_payload_format_is_pinned() -> None:
+    # Histories hold payloads sealed by earlier releases: this one must open them. The format: metadata `encoding:
+    # binary/encrypted` and `encryption-key-id`, data = 12-byte nonce + AES-256-GCM(serialized Payload), with
+    # associated data "durable-codemode/aes-256-gcm/" + key id.
+    import base64
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from durable_codemode import EncryptionCodec, EncryptionKeys
+    from durable_codemode._encryption import ENCRYPTED_ENCODING, ENCRYPTION_KEYS_ENV, KEY_ID_METADATA
+
+    assert (ENCRYPTED_ENCODING, KEY_ID_METADATA, ENCRYPTION_KEYS_ENV) == (
+        b"binary/encrypted", "encryption-key-id", "CODEMODE_ENCRYPTION_KEYS")
+    key, nonce = bytes(range(32)), bytes(range(12))
+    inner = Payload(metadata={"encoding": b"json/plain"}, data=b'"pinned"')
+    sealed = Payload(metadata={"encoding": b"binary/encrypted", "encryption-key-id": b"k1"},
+                     data=nonce + AESGCM(key).encrypt(nonce, inner.SerializeToString(),
+                                                      b"durable-codemode/aes-256-gcm/k1"))
+    codec = EncryptionCodec(EncryptionKeys.parse("k1:" + base64.b64encode(key).decode()))
+    assert codec.decrypt([sealed]) == [inner]

@@ -24,7 +24,8 @@ PUBLIC: dict[str, set[str]] = {
         "AgentNotFoundError", "ApprovalRecord", "ApprovalSigner", "ApproverKeyring", "ApproverPolicy",
         "CallRecord", "CatalogSettings", "CodeModeAgent", "CodeModeError", "CodeModePlugin",
         "CodeModeRunWorkflow", "CodeModeUserError", "DecidedCalls", "DecisionConflictError", "DepsFactoryError",
-        "EventStreamSettings", "InvalidRunInputError", "LocalPayloadStore", "OutputChangedError",
+        "EncryptionCodec", "EncryptionError", "EncryptionKeyError", "EncryptionKeys", "EventStreamSettings",
+        "InvalidRunInputError", "LocalPayloadStore", "OutputChangedError",
         "PendingApproval", "PoolSettings", "RejectedDecision", "RunClosedError", "RunFailedError", "RunFiles",
         "RunNotFoundError", "RunResult", "RunWorkflowFailedError", "SnippetLimits", "SnippetRecord",
         "ToolCallContext", "ToolOptions", "TransientToolError", "TurnRecord", "UnsupportedBehaviorVersionError",
@@ -52,7 +53,7 @@ PUBLIC: dict[str, set[str]] = {
         "ModelStreamResetEvent", "NestedCallEndEvent", "NestedCallStartEvent", "PrintEvent", "RunContinuedEvent",
         "RunEndEvent", "RunEndStatus", "RunEventItem", "RunStartEvent", "SnippetEndEvent", "SnippetStartEvent",
     },
-    "durable_codemode.ui": {"DEFAULT_UI_PORT", "UIAccess", "chat_app", "serve_ui", "ui_app"},
+    "durable_codemode.ui": {"DEFAULT_UI_PORT", "UIAccess", "chat_app", "codec_server_app", "serve_ui", "ui_app"},
 }
 
 FOLDERS = {"workflow", "shared", "worker", "client", "history", "cli", "ui", "apps"}

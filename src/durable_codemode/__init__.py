@@ -4,6 +4,7 @@ An agent run is a Temporal workflow; the model's `run_code` programs run in the 
 code and replay deterministically; every tool call a program makes is a recorded activity.
 """
 
+from ._encryption import EncryptionCodec, EncryptionError, EncryptionKeyError, EncryptionKeys
 from ._process import run_script
 from ._storage import LocalPayloadStore, data_converter
 from .client._connect import connect
@@ -65,6 +66,10 @@ __all__ = [
     "DecidedCalls",
     "DecisionConflictError",
     "DepsFactoryError",
+    "EncryptionCodec",
+    "EncryptionError",
+    "EncryptionKeyError",
+    "EncryptionKeys",
     "EventStreamSettings",
     "InvalidRunInputError",
     "LocalPayloadStore",

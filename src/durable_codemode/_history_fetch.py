@@ -14,6 +14,8 @@ from typing import Any
 from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
+from ._encryption import ENCRYPTION_KEYS_ENV, Encryption, EncryptionCodec, EncryptionKeyError, resolve_encryption
+from ._history_payloads import decode_history, decrypt_events, encrypted_key_ids
 from ._storage import env_stores, resolve_history, stores_of
 from .shared._errors import CodeModeUserError, RunNotFoundError
 from .shared._names import WORKFLOW_TYPE
@@ -26,11 +28,20 @@ def _not_found(error: RPCError) -> bool:
     return error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT)
 
 
-async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None = None) -> WorkflowHistory:
+async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None = None, decrypt: bool = True
+                        ) -> WorkflowHistory:
     """The history of one run of `workflow_id` (default: its latest run).
+
+    Args:
+        client: from `connect()`; its codec (the encryption keys) decodes the payloads.
+        workflow_id: the run's workflow id.
+        run_id: one run of the chain; default: the latest.
+        decrypt: decode every payload with the client's codec, so the history reads as plaintext (what the
+            debugging tools need); `False`: as the server stores it (encrypted, for an export that stays so).
 
     Raises:
         RunNotFoundError: no such run on the server.
+        EncryptionKeyError: `decrypt` and a payload's key is not among the client's keys (the message names it).
 
     """
     try:
@@ -41,17 +52,23 @@ async def fetch_history(client: Client, workflow_id: str, *, run_id: str | None 
         raise
     # Large payloads kept in a payload store are references in the history: read them back once, here, so every
     # tool reading this history sees values.
-    return await resolve_history(history, stores_of(client.data_converter) or env_stores())
+    history = await resolve_history(history, stores_of(client.data_converter) or env_stores())
+    if not decrypt:
+        return history
+    return await decode_history(history, client.data_converter.payload_codec, namespace=client.namespace)
 
 
-async def fetch_chain(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+async def fetch_chain(client: Client, workflow_id: str, *, decrypt: bool = True) -> list[WorkflowHistory]:
     """The histories of every run of `workflow_id`'s continue-as-new chain, first to last.
+
+    `decrypt`: as for `fetch_history`.
 
     Raises:
         RunNotFoundError: no such run on the server.
+        EncryptionKeyError: `decrypt` and a payload's key is not among the client's keys.
 
     """
-    latest = await fetch_history(client, workflow_id)
+    latest = await fetch_history(client, workflow_id, decrypt=decrypt)
     started = latest.events[0].workflow_execution_started_event_attributes
     first = started.first_execution_run_id or latest.run_id
     if first == latest.run_id:
@@ -59,7 +76,8 @@ async def fetch_chain(client: Client, workflow_id: str) -> list[WorkflowHistory]
     histories: list[WorkflowHistory] = []
     run_id: str | None = first
     while run_id:
-        history = latest if run_id == latest.run_id else await fetch_history(client, workflow_id, run_id=run_id)
+        history = latest if run_id == latest.run_id else await fetch_history(client, workflow_id, run_id=run_id,
+                                                                             decrypt=decrypt)
         histories.append(history)
         last = history.events[-1]
         run_id = (last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
@@ -83,11 +101,16 @@ def _workflow_id_of(history: dict[str, Any], default: str) -> str:
     return default
 
 
-def histories_from_json(text: str, *, default_workflow_id: str = "run") -> list[WorkflowHistory]:
+def histories_from_json(text: str, *, default_workflow_id: str = "run", encryption: Encryption = None
+                        ) -> list[WorkflowHistory]:
     """The histories in a file written by `histories_to_json` (or downloaded from Temporal's CLI or UI).
+
+    Encrypted payloads are decrypted with `encryption` (as `connect(encryption=...)` takes it; default:
+    `CODEMODE_ENCRYPTION_KEYS`), so the histories read as plaintext; unencrypted ones are read as they are.
 
     Raises:
         CodeModeUserError: the text is not a history, or not one of a durable-codemode run.
+        EncryptionKeyError: a payload is encrypted with a key not given (the message names it).
 
     """
     try:
@@ -111,8 +134,23 @@ def histories_from_json(text: str, *, default_workflow_id: str = "run") -> list[
         if kind != WORKFLOW_TYPE:
             raise CodeModeUserError(f"the history is of a {kind!r} workflow, not a durable-codemode run "
                                     f"({WORKFLOW_TYPE!r})")
-        histories.append(history)
+        histories.append(_decrypted(history, encryption))
     return histories
+
+
+def _decrypted(history: WorkflowHistory, encryption: Encryption) -> WorkflowHistory:
+    needed = encrypted_key_ids(history)
+    if not needed:
+        return history
+    keys = resolve_encryption(encryption)
+    if keys is None:
+        raise EncryptionKeyError(
+            f"the history of run {history.workflow_id!r} is encrypted (key {', '.join(map(repr, sorted(needed)))}) "
+            f"and no key is configured: set {ENCRYPTION_KEYS_ENV} to the key file of the workers that wrote it "
+            "(docs/operations.md#encrypting-histories)", key_id=sorted(needed)[0])
+    codec = EncryptionCodec(keys, subject=f"run {history.workflow_id!r}")
+    decrypt_events(history.events, codec.decrypt)
+    return history
 
 
 def write_histories(path: str | Path, histories: Sequence[WorkflowHistory]) -> None:

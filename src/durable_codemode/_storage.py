@@ -19,17 +19,15 @@ import dataclasses
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
-from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.api.sdk.v1.external_storage_pb2 import ExternalStorageReference
 from temporalio.client import WorkflowHistory
 from temporalio.converter import (
     DataConverter,
+    DefaultFailureConverterWithEncodedAttributes,
     ExternalStorage,
     JSONProtoPayloadConverter,
     StorageDriver,
@@ -39,10 +37,12 @@ from temporalio.converter import (
 )
 
 from ._converter import DATA_CONVERTER
+from ._encryption import EncryptionCodec, EncryptionKeys, resolve_encryption
+from ._history_payloads import payload_fields
 from .shared._errors import CodeModeUserError
 
 __all__ = ["DEFAULT_PAYLOAD_THRESHOLD", "PAYLOAD_STORE_ENV", "LocalPayloadStore", "data_converter",
-           "env_stores", "resolve_history", "store_from_env", "stores_of"]
+           "env_stores", "resolve_history", "store_from_env", "stores_of", "with_encryption"]
 
 PAYLOAD_STORE_ENV = "CODEMODE_PAYLOAD_STORE"
 """A directory for `LocalPayloadStore`; set it on every client, worker and replayer of the namespace."""
@@ -117,18 +117,47 @@ class LocalPayloadStore(StorageDriver):
         return [Payload.FromString(b) for b in blobs]
 
 
-def data_converter(store: StorageDriver | None = None, *, threshold: int = DEFAULT_PAYLOAD_THRESHOLD) -> DataConverter:
+def data_converter(
+    store: StorageDriver | None = None, *, threshold: int = DEFAULT_PAYLOAD_THRESHOLD,
+    encryption: EncryptionKeys | str | os.PathLike[str] | None = None,
+) -> DataConverter:
     """The durable-codemode data converter, offloading payloads of `threshold` bytes or more to `store`.
 
-    `store=None`: the plain converter (`DATA_CONVERTER`), every payload in the history.
+    Args:
+        store: where large payloads go; `None`: every payload in the history.
+        threshold: the size (bytes, after encryption) from which a payload goes to `store`.
+        encryption: encrypt every payload (and failure messages) with these keys: `EncryptionKeys`, a key file or
+            inline `id:base64key` entries (docs/operations.md#encrypting-histories). `None`: no encryption (this
+            builder reads no environment; `connect()` and `create_worker()` read `CODEMODE_ENCRYPTION_KEYS`).
+
+    Temporal encrypts first and then offloads, so a stored payload is encrypted before it leaves the process.
+    `store=None, encryption=None`: the plain converter (`DATA_CONVERTER`).
+
+    Raises:
+        CodeModeUserError: a negative threshold, or keys that do not load.
+
     """
-    if store is None:
+    keys = resolve_encryption(encryption or False)
+    if store is None and keys is None:
         return DATA_CONVERTER
     if threshold < 0:
         raise CodeModeUserError(f"the payload threshold must be 0 or more bytes, got {threshold}")
+    converter = DATA_CONVERTER if keys is None else with_encryption(DATA_CONVERTER, keys)
+    if store is None:
+        return converter
     return dataclasses.replace(
-        DATA_CONVERTER, external_storage=ExternalStorage(drivers=[store], payload_size_threshold=threshold)
+        converter, external_storage=ExternalStorage(drivers=[store], payload_size_threshold=threshold)
     )
+
+
+def with_encryption(converter: DataConverter, keys: EncryptionKeys) -> DataConverter:
+    """`converter` encrypting with `keys`: our codec, and failures' messages and stack traces encrypted too.
+
+    Temporal's `DefaultFailureConverterWithEncodedAttributes` moves them into an encoded payload: a tool's error
+    message may quote its arguments, and would otherwise stay plaintext in the history.
+    """
+    return dataclasses.replace(converter, payload_codec=EncryptionCodec(keys),
+                               failure_converter_class=DefaultFailureConverterWithEncodedAttributes)
 
 
 def store_from_env() -> LocalPayloadStore | None:
@@ -140,24 +169,6 @@ def store_from_env() -> LocalPayloadStore | None:
 _REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
 
 
-def _payload_fields(message: Message) -> Iterator[Payload]:
-    """Every `Payload` inside a protobuf message, at any depth (repeated and map fields included)."""
-    for field, value in message.ListFields():
-        if field.type != FieldDescriptor.TYPE_MESSAGE:
-            continue
-        if isinstance(value, Message):
-            items: Iterable[Any] = (value,)
-        elif hasattr(value, "values"):  # a map field
-            items = [v for v in value.values() if isinstance(v, Message)]
-        else:  # a repeated field
-            items = value
-        for item in items:
-            if isinstance(item, Payload):
-                yield item
-            else:
-                yield from _payload_fields(item)
-
-
 async def resolve_history(history: WorkflowHistory, drivers: Sequence[StorageDriver]) -> WorkflowHistory:
     """Replace every external-storage reference in `history` by the payload it names (in place; returns it).
 
@@ -167,7 +178,7 @@ async def resolve_history(history: WorkflowHistory, drivers: Sequence[StorageDri
     by_name = {d.name(): d for d in drivers}
     converter = JSONProtoPayloadConverter()
     for event in history.events:
-        for payload in _payload_fields(event):
+        for payload in payload_fields(event):
             if payload.metadata.get("messageType") != _REFERENCE_TYPE:
                 continue
             ref = converter.from_payload(payload, ExternalStorageReference)

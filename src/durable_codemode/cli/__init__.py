@@ -11,12 +11,14 @@ codemode run AGENT "prompt" [--model M] [--json] start a run on TEMPORAL_ADDRESS
 codemode run AGENT "prompt" --follow              ... showing model turns and nested calls as they happen
 codemode watch RUN_ID                            follow a run live until it ends or waits for approval
 codemode runs [--agent A] [--status S] [--version NAME:BUILD_ID]   recent runs: state, version, ...
-codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON
+codemode history RUN_ID [-o FILE] [--chain]      export a run's history as JSON (encrypted runs: --decrypt)
 codemode trace RUN_ID | --history FILE [--json]  the run as a tree: turns, snippets, calls, approvals
 codemode replay RUN_ID | --history FILE | --all  replay offline; on a divergence, where and why (exit 1)
 codemode check-deploy --worker MODULE [--query Q] before a deploy: what the new code breaks in open runs (exit 1)
 codemode move RUN_ID --to NAME:BUILD_ID --worker MODULE   pin a run to another worker deployment version
 codemode approvals RUN_ID / approve / deny / audit / keygen    approvals: list, decide, the trail, a signing key
+codemode keygen --encryption -o FILE             a payload encryption key (CODEMODE_ENCRYPTION_KEYS=FILE)
+codemode codec-server [--origin URL]...          decrypt encrypted runs for the Temporal UI and CLI
 codemode bench [--apps A] [--n 5,20] [--mode on,off] [--model M] [--json F] [--plot F.png]
                                                  code mode vs tool calling on the bundled tasks, graded
 ```

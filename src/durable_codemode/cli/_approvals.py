@@ -14,6 +14,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from .._encryption import ENCRYPTION_KEYS_ENV, EncryptionKeys
 from .._history_fetch import fetch_chain
 from .._outcome import EXIT_FAILED, EXIT_OK
 from ..client._connect import connect
@@ -94,6 +95,11 @@ async def _decide(args: argparse.Namespace, *, approved: bool) -> int:
 
 
 async def keygen_command(args: argparse.Namespace) -> int:
+    if args.encryption:
+        return encryption_keygen(args)
+    if not args.approver:
+        raise CodeModeUserError("keygen needs the APPROVER whose signing key to make (or --encryption for a key that "
+                                "encrypts run payloads)")
     target = Path(args.output)
     if target.exists():
         raise CodeModeUserError(f"{args.output!r} exists; choose another file (an approver key is never "
@@ -106,6 +112,31 @@ async def keygen_command(args: argparse.Namespace) -> int:
     err(f"wrote {signer.approver}'s private key {signer.key_id} to {args.output}; keep it private. Add this entry "
          "to the workers' approver keys file (create_worker(approver_keys=FILE)):")
     say(json.dumps({signer.key_id: signer.public_entry()}, indent=2))
+    return EXIT_OK
+
+
+def encryption_keygen(args: argparse.Namespace) -> int:
+    """`codemode keygen --encryption -o FILE`: a new key entry in a new file, readable by its owner only."""
+    if args.approver:
+        raise CodeModeUserError(f"an encryption key belongs to no approver: drop {args.approver!r}, or drop "
+                                "--encryption for an approver's signing key")
+    entry = EncryptionKeys.new_entry(args.key_id)
+    key_id = entry.partition(":")[0]
+    try:
+        # Created with mode 0600 (never readable by others, not even for a moment), and never over a file.
+        fd = os.open(args.output, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise CodeModeUserError(f"{args.output!r} exists; choose another file (a key file is never overwritten: to "
+                                "rotate, add the new key's line to it by hand, as docs/operations.md says)") from None
+    except OSError as e:
+        raise CodeModeUserError(f"cannot write {args.output!r}: {e.strerror or e}") from e
+    with os.fdopen(fd, "w") as f:
+        f.write(f"# durable-codemode payload encryption keys: the first encrypts, every one decrypts\n{entry}\n")
+    err(f"wrote encryption key {key_id} to {args.output} (mode 0600); keep it private and back it up: without it, "
+        "runs encrypted with it cannot be read or finished.")
+    say(f"Use it on every client, worker and codemode command:  export {ENCRYPTION_KEYS_ENV}={args.output}\n"
+        f"To rotate to it from a current key file: first add this line after the current key on every host; once "
+        f"all have it, move it first (it then encrypts). Keep the old key listed while runs or histories use it.")
     return EXIT_OK
 
 

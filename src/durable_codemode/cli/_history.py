@@ -27,8 +27,8 @@ def load_worker(module: str | None) -> None:
 
 async def history_command(args: argparse.Namespace) -> int:
     client = await connect()
-    histories = (await fetch_chain(client, args.run_id) if args.chain
-                 else [await fetch_history(client, args.run_id)])
+    histories = (await fetch_chain(client, args.run_id, decrypt=args.decrypt) if args.chain
+                 else [await fetch_history(client, args.run_id, decrypt=args.decrypt)])
     started = histories[0].events[0].workflow_execution_started_event_attributes
     if not args.chain and started.continued_execution_run_id:
         err(f"note: run {args.run_id} continued as new from an earlier run; this is its latest run only "

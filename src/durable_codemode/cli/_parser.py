@@ -9,10 +9,12 @@ from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
+from .._encryption import ENCRYPTION_KEYS_ENV
 from ..client._listing import RUN_STATES
 from ..client._signer import KEY_ENV
 from ..shared._names import DEFAULT_TASK_QUEUE
 from ..ui import DEFAULT_UI_PORT
+from ..ui._codec_server import CODEC_TOKEN_ENV, DEFAULT_CODEC_PORT
 from ..worker._approvers import APPROVER_DIRECTORY_ENV, APPROVER_KEYS_ENV
 from ._approvals import approvals_command, approve_command, audit_command, deny_command, keygen_command
 from ._benchmark import add_bench_command
@@ -22,7 +24,7 @@ from ._history import history_command, replay_command, trace_command
 from ._output import ADDRESS_ENV
 from ._runs import runs_command, start_command, watch_command
 from ._serving import DEFAULT_DEV_PORT, DEV_SERVER_DB, dev_command, worker_command
-from ._ui import ui_command
+from ._ui import codec_server_command, ui_command
 
 
 def _duration(text: str) -> timedelta:
@@ -132,6 +134,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "token travels in every request)")
     ui.set_defaults(handler=ui_command)
 
+    codec = commands.add_parser(
+        "codec-server", help="decrypt encrypted runs for the Temporal UI and CLI (a codec server)",
+        description=f"Serve Temporal's codec server protocol (POST /encode, /decode) with the keys of "
+        f"{ENCRYPTION_KEYS_ENV}, so the Temporal UI (Settings > Codec Server) and `temporal --codec-endpoint` show "
+        f"encrypted runs decoded. Browsers may call it only from the UI origins given; with {CODEC_TOKEN_ENV} set, "
+        "every request needs `Authorization: Bearer <token>`.")
+    codec.add_argument("--host", default="127.0.0.1", help="the address to bind (default: 127.0.0.1; another needs "
+                       f"--allow-remote and {CODEC_TOKEN_ENV})")
+    codec.add_argument("--port", type=_port, default=DEFAULT_CODEC_PORT,
+                       help=f"the port (default: {DEFAULT_CODEC_PORT})")
+    codec.add_argument("--origin", action="append", metavar="URL", help="a Temporal UI origin browsers may call it "
+                       "from, e.g. https://temporal.example.com (repeat; default: the dev server's UI, "
+                       "http://localhost:8233 and http://127.0.0.1:8233)")
+    codec.add_argument("--namespace", action="append", metavar="NS", help="answer for this namespace only (repeat; "
+                       "default: any)")
+    codec.add_argument("--allow-remote", action="store_true", help="bind beyond loopback (with a token, behind TLS)")
+    codec.set_defaults(handler=codec_server_command)
+
     worker = commands.add_parser("worker", help="a worker for the bundled agents",
                                  description=f"Serve the bundled agents on {ADDRESS_ENV}; when it is unset, "
                                  f"on an embedded dev server persisted to {DEV_SERVER_DB}.")
@@ -196,12 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
                          "turned signing off")
         cmd.set_defaults(handler=handler)
 
-    keygen = commands.add_parser("keygen", help="make an approver's signing key",
+    keygen = commands.add_parser("keygen", help="make an approver's signing key, or a payload encryption key",
                                  description="Write a new Ed25519 key for APPROVER to FILE (mode 0600) and print "
-                                 "its public entry, for the workers' create_worker(approver_keys=...) file.")
-    keygen.add_argument("approver", metavar="APPROVER", help="the approver's name, as approver policies name them")
+                                 "its public entry, for the workers' create_worker(approver_keys=...) file. With "
+                                 "--encryption: write a new AES-256 key entry (id:base64key) to FILE (mode 0600), for "
+                                 f"{ENCRYPTION_KEYS_ENV} on every client, worker and codemode command.")
+    keygen.add_argument("approver", metavar="APPROVER", nargs="?",
+                        help="the approver's name, as approver policies name them (not with --encryption)")
     keygen.add_argument("-o", "--output", metavar="FILE", required=True, help="where to write the private key")
-    keygen.add_argument("--key-id", help="the key's id (default: APPROVER-<8 hex digits>)")
+    keygen.add_argument("--key-id", help="the key's id (default: APPROVER-<8 hex digits>; with --encryption, "
+                        "k<date>-<6 hex digits>)")
+    keygen.add_argument("--encryption", action="store_true", help="a key that encrypts run payloads "
+                        "(docs/operations.md#encrypting-histories) instead of an approver's signing key")
     keygen.set_defaults(handler=keygen_command)
 
     audit = commands.add_parser("audit", help="a run's approval audit trail",
@@ -237,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     history.add_argument("--chain", action="store_true", help="every run of the continue-as-new chain, first to "
                          "last (default: the latest run)")
+    history.add_argument("--decrypt", action="store_true", help="write the payloads decrypted (default: an encrypted "
+                         f"run's history stays encrypted; trace and replay read it with {ENCRYPTION_KEYS_ENV})")
     history.set_defaults(handler=history_command)
 
     trace = commands.add_parser("trace", help="a run as a tree: turns, snippets, calls, approvals",

@@ -18,6 +18,7 @@ from temporalio.client import Client
 from temporalio.converter import StorageDriver
 from temporalio.envconfig import ClientConfig, ClientConnectConfig
 
+from .._encryption import Encryption, resolve_encryption
 from .._otel import client_interceptors
 from .._storage import data_converter, store_from_env
 from ..shared._errors import CodeModeUserError
@@ -75,7 +76,8 @@ def connect_settings(
 
 async def connect(
     address: str | None = None, *, namespace: str | None = None, profile: str | None = None,
-    payload_store: StorageDriver | None = None, tracing: bool = False, **kwargs: Any,
+    payload_store: StorageDriver | None = None, encryption: Encryption = None, tracing: bool = False,
+    **kwargs: Any,
 ) -> Client:
     """A client for durable-codemode runs, configured as the `temporal` CLI is (see the module docstring).
 
@@ -86,15 +88,20 @@ async def connect(
         payload_store: where payloads over 256 KiB go instead of the history (a `LocalPayloadStore`, or any
             Temporal `StorageDriver` such as S3's); defaults to `CODEMODE_PAYLOAD_STORE`, else none. Workers
             built on this client use it too; every client, worker and replayer of these runs needs the same.
+        encryption: encrypt every payload this client and its workers write, and decrypt what they read: keys
+            (`EncryptionKeys`), a key file, or inline `id:base64key` entries; the first key encrypts. `None`
+            (default): `CODEMODE_ENCRYPTION_KEYS`, else no encryption; `False`: none, whatever the environment says.
+            See docs/operations.md#encrypting-histories.
         tracing: add Temporal's OpenTelemetry interceptor: runs started inside a span are traced under it, and
             workers created from this client trace their runs. Needs `opentelemetry-sdk`.
         kwargs: passed to `Client.connect`, over the configured settings (e.g. `tls`, `api_key`, `rpc_metadata`).
 
     Raises:
-        CodeModeUserError: the configuration cannot be loaded, or the server cannot be reached; the message names
-            the address and what to do.
+        CodeModeUserError: the configuration cannot be loaded (Temporal's, or the encryption keys), or the server
+            cannot be reached; the message names the address and what to do.
 
     """
+    converter = data_converter(payload_store or store_from_env(), encryption=resolve_encryption(encryption))
     settings: dict[str, Any] = {**connect_settings(address, namespace, profile=profile), **kwargs}
     if tracing:
         settings["interceptors"] = [*settings.get("interceptors", ()), *client_interceptors()]
@@ -102,7 +109,7 @@ async def connect(
     try:
         # Bounded: an address that drops packets would otherwise keep a command waiting on the TCP connect.
         return await asyncio.wait_for(
-            Client.connect(**settings, data_converter=data_converter(payload_store or store_from_env())),
+            Client.connect(**settings, data_converter=converter),
             CONNECT_TIMEOUT_SECONDS)
     except (RuntimeError, ValueError, TimeoutError) as e:  # unreachable / refused, or a malformed address
         raise CodeModeUserError(

@@ -16,6 +16,7 @@ from typing import Literal
 
 from temporalio.testing import WorkflowEnvironment
 
+from .._encryption import Encryption, EncryptionKeys, resolve_encryption
 from .._storage import data_converter, store_from_env
 from ..shared._errors import CodeModeUserError
 from ..shared._names import AGENT_SEARCH_ATTRIBUTE, STATUS_SEARCH_ATTRIBUTE
@@ -69,6 +70,7 @@ async def start_dev_server(
     ui_port: int | None = None,
     extra_args: Sequence[str] = (),
     banner: Literal["stdout", "stderr", "off"] = "stdout",
+    encryption: Encryption = None,
 ) -> WorkflowEnvironment:
     """Start `temporal server start-dev` on 127.0.0.1 and return an environment whose client is ready for runs.
 
@@ -81,13 +83,17 @@ async def start_dev_server(
             `DEV_SERVER_DEFAULT_ARGS`, so a value given here wins.
         banner: where the CLI's start-up banner goes. It inherits this process's stdout, so a tool whose stdout
             carries only its own output (the benchmarks' tables) sends it to `stderr` or turns it `off`.
+        encryption: the keys the environment's client encrypts payloads with, as `connect(encryption=...)` takes
+            them; `None` (default): `CODEMODE_ENCRYPTION_KEYS`, else none; `False`: none.
 
     Use it as `async with await start_dev_server() as env: ...`; leaving the block stops the server.
 
     Raises:
-        CodeModeUserError: the Temporal CLI is missing, or `port` / `ui_port` is already in use.
+        CodeModeUserError: the Temporal CLI is missing, `port` / `ui_port` is already in use, or the encryption
+            keys do not load.
 
     """
+    keys = resolve_encryption(encryption)
     for what, number in (("port", port), ("UI port", ui_port or (port + 1000 if ui and port else None))):
         # The dev server's start-up check only connects to the port: on a busy port it would quietly hand back a
         # client of whatever server already listens there, and runs would land in the wrong place.
@@ -97,7 +103,8 @@ async def start_dev_server(
                 f"or use that server by setting TEMPORAL_ADDRESS=127.0.0.1:{number}"
             )
     with _stdout_to(banner):
-        return await _start_local(db_file=db_file, port=port, ui=ui, ui_port=ui_port, extra_args=extra_args)
+        return await _start_local(db_file=db_file, port=port, ui=ui, ui_port=ui_port, extra_args=extra_args,
+                                  keys=keys)
 
 
 @contextlib.contextmanager
@@ -118,9 +125,10 @@ def _stdout_to(where: Literal["stdout", "stderr", "off"]) -> Iterator[None]:
 
 
 async def _start_local(*, db_file: str | Path | None, port: int | None, ui: bool, ui_port: int | None,
-                       extra_args: Sequence[str]) -> WorkflowEnvironment:
+                       extra_args: Sequence[str], keys: EncryptionKeys | None) -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
-        data_converter=data_converter(store_from_env()),  # CODEMODE_PAYLOAD_STORE, as `connect()`
+        # CODEMODE_PAYLOAD_STORE and CODEMODE_ENCRYPTION_KEYS, as `connect()`
+        data_converter=data_converter(store_from_env(), encryption=keys),
         dev_server_existing_path=temporal_cli_path(),
         dev_server_database_filename=str(db_file) if db_file is not None else None,
         dev_server_log_level="error",

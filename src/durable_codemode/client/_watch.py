@@ -32,6 +32,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from .._history_events import RecordedActivity, RecordedRun, RunReader
+from .._history_payloads import decode_events, for_run
 from ..shared._approvals import PendingApproval
 from ..shared._errors import RunNotFoundError
 from ..shared._names import (
@@ -257,6 +258,7 @@ async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = No
             raise
     token = b""
     reader = RunReader(workflow_id, run_id)
+    codec = for_run(client.data_converter.payload_codec, client.namespace, workflow_id)
     told_waiting: set[str] = set()
     while True:
         request = GetWorkflowExecutionHistoryRequest(
@@ -269,6 +271,7 @@ async def watch_run(client: Client, workflow_id: str, *, run_id: str | None = No
                 raise
             response = None
         if response is not None:
+            await decode_events(response.history.events, codec)  # encrypted runs
             for event in response.history.events:
                 outcome = follower.event(reader, event)
                 if isinstance(outcome, WatchOutcome):

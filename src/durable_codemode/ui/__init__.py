@@ -13,6 +13,7 @@ See docs/ui.md for what the page shows and how a decision from it is authenticat
 
 from ._app import UIAccess, ui_app
 from ._chat import chat_app
+from ._codec_server import codec_server_app
 from ._serve import DEFAULT_UI_PORT, serve_ui
 
-__all__ = ["DEFAULT_UI_PORT", "UIAccess", "chat_app", "serve_ui", "ui_app"]
+__all__ = ["DEFAULT_UI_PORT", "UIAccess", "chat_app", "codec_server_app", "serve_ui", "ui_app"]

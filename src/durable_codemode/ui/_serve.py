@@ -15,7 +15,7 @@ from temporalio.client import Client
 from ..shared._errors import CodeModeUserError
 from ._app import UIAccess, ui_app
 
-__all__ = ["DEFAULT_UI_PORT", "serve_ui"]
+__all__ = ["DEFAULT_UI_PORT", "is_loopback", "serve_ui"]
 
 DEFAULT_UI_PORT = 8181
 """Where `codemode ui` (and `codemode dev`) serve the page unless told otherwise."""
@@ -27,7 +27,7 @@ def _free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
-def _loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -55,7 +55,7 @@ async def serve_ui(client: Client, *, host: str = "127.0.0.1", port: int = DEFAU
         CodeModeUserError: a host beyond loopback without `allow_remote`, or a port taken.
 
     """
-    if not _loopback(host) and not allow_remote:
+    if not is_loopback(host) and not allow_remote:
         raise CodeModeUserError(f"the page decides approvals as {access.name if access else 'nobody'}: it binds "
                                 f"to loopback only; to serve it on {host!r} pass --allow-remote (allow_remote=True), "
                                 "and put it behind TLS")

@@ -8,6 +8,7 @@ people who build their own `Client`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -18,12 +19,15 @@ from typing import Any
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.common import WorkerDeploymentVersion
+from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker, WorkerDeploymentConfig, WorkflowRunner
 
 from .._converter import DATA_CONVERTER, is_compatible, warm_up
 from .._deployments import current_version, parse_version, version_label
+from .._encryption import Encryption, EncryptionKeys, resolve_encryption
 from .._otel import client_interceptors, has_tracing_interceptor
+from .._storage import with_encryption
 from ..shared._errors import CodeModeUserError
 from ..shared._names import DEFAULT_TASK_QUEUE
 from ..shared._signing import ApproverKeyring
@@ -133,6 +137,8 @@ class CodeModePlugin(SimplePlugin):
     Args:
         tracing: also add Temporal's OpenTelemetry interceptor, so a run started inside a span is traced under it
             and workers built from this client trace their runs (see docs/observability.md).
+        encryption: encrypt payloads with these keys, as `connect(encryption=...)` takes them; `None` (default):
+            `CODEMODE_ENCRYPTION_KEYS`, else a codec the client already has, else none.
 
     Example:
         ```python
@@ -141,9 +147,41 @@ class CodeModePlugin(SimplePlugin):
 
     """
 
-    def __init__(self, *, tracing: bool = False) -> None:
-        super().__init__("durable-codemode", data_converter=DATA_CONVERTER,
+    def __init__(self, *, tracing: bool = False, encryption: Encryption = None) -> None:
+        keys = resolve_encryption(encryption)
+        super().__init__("durable-codemode", data_converter=lambda existing: _our_converter(existing, keys),
                          interceptors=client_interceptors() if tracing else None)
+
+
+def _our_converter(existing: DataConverter | None, keys: EncryptionKeys | None) -> DataConverter:
+    """Our payload converter over `existing`, then encrypting with `keys` if given.
+
+    `existing` keeps its codec, failure converter and payload store: a client that `create_worker(encryption=...)`
+    re-keyed keeps its keys when its plugins are applied again.
+    """
+    if existing is None or existing is DataConverter.default:
+        converter = DATA_CONVERTER
+    elif existing.payload_converter_class is DATA_CONVERTER.payload_converter_class:  # ours already
+        converter = existing
+    else:
+        converter = dataclasses.replace(existing, payload_converter_class=DATA_CONVERTER.payload_converter_class)
+    return converter if keys is None else with_encryption(converter, keys)
+
+
+def _encrypting_client(client: Client, encryption: Encryption) -> Client:
+    """`client`, or a client of the same connection whose converter encrypts with the keys `encryption` names.
+
+    `None`: a client that has a codec keeps it; one without gets `CODEMODE_ENCRYPTION_KEYS` if that is set, so a
+    worker built on a client of the user's own encrypts as every other process of ours does. `False`: as it is.
+    """
+    if encryption is False or (encryption is None and client.data_converter.payload_codec is not None):
+        return client
+    keys = resolve_encryption(encryption)
+    if keys is None:
+        return client
+    config = client.config()
+    config["data_converter"] = with_encryption(client.data_converter, keys)
+    return Client(**config)
 
 
 IDLE_LOOK_SECONDS = 1.0
@@ -219,6 +257,7 @@ def create_worker(
     unsigned_approvals: bool = False,
     graceful_shutdown_timeout: timedelta = DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT,
     deployment: WorkerDeploymentVersion | str | None = None,
+    encryption: Encryption = None,
     **worker_options: Any,
 ) -> Worker:
     """A worker serving `agents`: the run workflow and its activities, with the Monty pool sized by `pool`.
@@ -256,6 +295,11 @@ def create_worker(
             docs/observability.md). `None` (default): on when the client carries Temporal's
             OpenTelemetry interceptor (`connect(tracing=True)`). Needs `opentelemetry-sdk` and the replay-safe
             tracer provider of `temporalio.contrib.opentelemetry.create_tracer_provider()` set globally.
+        encryption: the keys this worker encrypts and decrypts payloads with (keys, a key file, or inline
+            `id:base64key` entries: docs/operations.md#encrypting-histories); the worker then uses a client of the
+            same connection with that codec. `None` (default): the client's codec if it has one, else
+            `CODEMODE_ENCRYPTION_KEYS`, else none; `False`: the client's converter as it is. A worker missing a
+            run's key fails that run's workflow tasks (each names the key), and the run waits for a worker with it.
         worker_options: passed to `temporalio.worker.Worker` (e.g. `max_cached_workflows`,
             `max_concurrent_activities`). Defaults set here: `sticky_queue_schedule_to_start_timeout` 3 s (a
             killed worker's runs move on after that, not 10 s) and `max_concurrent_workflow_tasks`
@@ -266,7 +310,8 @@ def create_worker(
         CodeModeUserError: no agents, or two with one name; a `deployment` beside a `deployment_config`, or one
             that is not `NAME:BUILD_ID`; an agent whose model string cannot work here (its
             provider's API key is not set: the message names the variable); more workflow task slots than sandbox
-            processes; tracing without the SDK or a replay-safe provider; no `monty` binary to run sandboxes.
+            processes; tracing without the SDK or a replay-safe provider; no `monty` binary to run sandboxes;
+            encryption keys that do not load.
 
     """
     if not agents:
@@ -276,6 +321,7 @@ def create_worker(
             "the client does not use the pydantic data converter; create it with durable_codemode.connect() "
             "or Client.connect(..., plugins=[CodeModePlugin()])"
         )
+    client = _encrypting_client(client, encryption)
     for agent in agents:
         agent.check_model()
     check_sandbox_binary()
