@@ -11,11 +11,11 @@ import base64
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from pydantic_ai import Agent
 from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.enums.v1 import EventType
@@ -41,6 +41,8 @@ from durable_codemode._history_payloads import payload_fields
 from durable_codemode.client._devserver import temporal_cli_path
 from durable_codemode.debugging import render_trace, replay_histories, trace_run
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
+
+from ._forked import run_codemode
 
 M = "okapi-5120"
 """The marker every piece of run content carries."""
@@ -175,6 +177,7 @@ async def test_a_run_started_under_key_a_finishes_under_b_on_a_worker_holding_bo
     await replay(client_b.get_workflow_handle_for(CodeModeRunWorkflow.run, handle.id))
 
 
+@pytest.mark.slow
 async def test_a_worker_missing_the_key_fails_only_the_task_and_the_run_waits_for_one_that_has_it(
     env: WorkflowEnvironment,
 ) -> None:
@@ -205,11 +208,8 @@ async def test_a_worker_missing_the_key_fails_only_the_task_and_the_run_waits_fo
 
 
 async def codemode(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "durable_codemode.cli", *args, env=env, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    return proc.returncode or 0, out.decode(), err.decode()
+    """`codemode ARGS` in a child process with exactly `env` (`tests/_forked.py`)."""
+    return await run_codemode(args, env=env, timeout=120)
 
 
 async def test_codemode_commands_export_encrypted_and_read_with_the_key_file(env: WorkflowEnvironment,

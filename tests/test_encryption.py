@@ -6,7 +6,6 @@ Runs with encryption end to end (the marker test, rotation, a worker missing a k
 from __future__ import annotations
 
 import base64
-import os
 import re
 from pathlib import Path
 
@@ -126,13 +125,17 @@ def test_keys_load_from_inline_entries_a_file_or_the_environment(tmp_path: Path,
     assert "key" not in repr(EncryptionKeys.load(k1)).replace("EncryptionKeys", "")  # no key material in a repr
 
 
+_FIXED_KEY = base64.b64encode(bytes(range(32))).decode()
+"""A valid key that is the same in every test process: pytest-xdist requires the same parameters everywhere."""
+
+
 @pytest.mark.parametrize(("setting", "problem"), [
     ("k1", "cannot read the encryption key file 'k1'"),
     ("k1:not base64!", "the key 'k1' is not base64"),
-    ("k1:" + base64.b64encode(os.urandom(16)).decode(), "is 16 bytes; AES-256 needs 32"),
-    ("bad id:" + EncryptionKeys.new_key(), "the encryption key id 'bad id' must be"),
-    ("k1:" + EncryptionKeys.new_key() + ",k1:" + EncryptionKeys.new_key(), "'k1' is listed twice"),
-    ("k1:" + EncryptionKeys.new_key() + ",oops", "the entry 'oops' is not `id:base64key`"),
+    ("k1:" + base64.b64encode(bytes(16)).decode(), "is 16 bytes; AES-256 needs 32"),
+    ("bad id:" + _FIXED_KEY, "the encryption key id 'bad id' must be"),
+    ("k1:" + _FIXED_KEY + ",k1:" + _FIXED_KEY, "'k1' is listed twice"),
+    ("k1:" + _FIXED_KEY + ",oops", "the entry 'oops' is not `id:base64key`"),
 ])
 def test_malformed_keys_are_refused_with_what_to_fix(setting: str, problem: str) -> None:
     with pytest.raises(CodeModeUserError, match=problem.replace("(", r"\(").replace("?", r"\?")):
