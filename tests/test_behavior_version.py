@@ -35,6 +35,8 @@ from durable_codemode.testing import RunCode, last_result, new_task_queue, runni
 from durable_codemode.worker._describe import describe_run
 from durable_codemode.worker._worker import workflow_runner
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 HISTORIES = Path(__file__).parent / "histories"
 CURRENT = HISTORIES / f"behavior_version_{BEHAVIOR_VERSION}.json"
 SUPPORTED = [HISTORIES / f"behavior_version_{v}.json" for v in range(OLDEST_BEHAVIOR_VERSION, BEHAVIOR_VERSION + 1)]
@@ -43,8 +45,6 @@ RECORDED_BY_0_1 = ["before_parking.json", "before_sandbox_guards.json", "before_
 PROGRAM = """
 import asyncio, random, time
 from datetime import datetime
-
-pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
 picks = [random.randint(0, 9) for _ in range(3)]
 values = await asyncio.gather(*(get(i=p) for p in picks))
 started = datetime.now()

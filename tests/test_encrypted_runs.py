@@ -39,7 +39,7 @@ from durable_codemode._encryption import ENCRYPTION_KEYS_ENV, KEY_ID_METADATA, i
 from durable_codemode._history_fetch import fetch_chain, histories_from_json, histories_to_json
 from durable_codemode._history_payloads import payload_fields
 from durable_codemode.client._devserver import temporal_cli_path
-from durable_codemode.debugging import render_trace, replay_histories, trace_run
+from durable_codemode.debugging import list_runs, render_trace, replay_histories, trace_run
 from durable_codemode.testing import RunCode, last_result, new_task_queue, replay, running_worker, scripted_model
 
 from ._forked import run_codemode
@@ -257,3 +257,23 @@ def base64_texts(history_json: str) -> str:
             elif isinstance(item, list):
                 stack.extend(item)
     return "\n".join(found)
+
+
+async def test_a_client_without_the_key_still_lists_every_run(env: WorkflowEnvironment) -> None:
+    """An encrypted run in the namespace does not take the runs list down for a client without its key.
+
+    Its memo cannot be read there (the page's runs list answered 500 for every run, found when the suite first ran
+    encrypted and plain tests on one server); its agent and state come from the search attributes, in plaintext.
+    """
+    client = await connect(address(env), encryption=new_keys("k3"))
+    name = f"listed{os.urandom(3).hex()}"
+    agent = CodeModeAgent(Agent(scripted_model("done"), name=name))
+    task_queue = new_task_queue()
+    async with running_worker(client, [agent], task_queue=task_queue):
+        handle = await start_run(client, name, "go", task_queue=task_queue)
+        await handle.result()
+    blind = await connect(address(env), encryption=False)
+    listed = await list_runs(blind, agent=name)
+    assert [(s.workflow_id, s.agent, s.state) for s in listed] == [(handle.id, name, "completed")]
+    assert handle.id in [s.workflow_id for s in await list_runs(blind, limit=50)]  # unfiltered, too
+    await replay(handle)

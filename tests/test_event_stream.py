@@ -80,10 +80,10 @@ from durable_codemode.testing import (
 )
 from durable_codemode.workflow._event_stream import PUBLISH_SIGNAL, StreamInfo
 
+pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+
 PROGRAM = """\
 import asyncio
-
-pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
 print("fetching")
 values = await asyncio.gather(*(get(i=i) for i in range(3)))
 print("got", sum(values))

@@ -51,7 +51,7 @@ from durable_codemode.worker._worker import workflow_runner
 _EXPORTER = InMemorySpanExporter()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def exporter() -> Iterator[InMemorySpanExporter]:
     # The global tracer provider can be set once per process; later modules see it too, which is harmless: only
     # workers created with tracing make spans.

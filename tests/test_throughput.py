@@ -115,11 +115,18 @@ async def test_more_runs_than_sandbox_processes_queue_and_all_complete(client: C
 
 
 async def test_a_worker_may_not_have_more_workflow_task_slots_than_sandbox_processes(client: Client) -> None:
+    # A pool already running keeps its size (the message says so): start from none, whatever ran before here.
+    assert _pool.POOL.live_sessions() == 0
+    _pool.shutdown_pool()
     agent = items_agent("slots", "done")
-    with pytest.raises(CodeModeUserError, match="max_concurrent_workflow_tasks=9 is more than the 4 processes"):
-        create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=9)
-    worker = create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=3)
-    assert worker.config()["max_concurrent_workflow_tasks"] == 3
+    try:
+        with pytest.raises(CodeModeUserError, match="max_concurrent_workflow_tasks=9 is more than the 4 processes"):
+            create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=9)
+        worker = create_worker(client, [agent], pool=PoolSettings(max_processes=4), max_concurrent_workflow_tasks=3)
+        assert worker.config()["max_concurrent_workflow_tasks"] == 3
+    finally:  # the tests after this one in this process get the default pool again
+        _pool.shutdown_pool()
+        _pool.POOL.configure(PoolSettings())
     with pytest.raises(CodeModeUserError, match="at least 2"):
         PoolSettings(max_processes=1)
 

@@ -15,14 +15,16 @@ or a server with no worker, never makes the command hang.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Any, Literal
 
 from temporalio.client import Client, WorkflowExecution, WorkflowExecutionStatus
 from temporalio.service import RPCError
 
 from .._deployments import VERSION_KEY, VERSION_SEARCH_ATTRIBUTE, parse_version, version_label
+from .._encryption import EncryptionError
 from .._visibility import AGENT_KEY, STATUS_KEY, lacks_search_attributes, uses_search_attributes
 from ..shared._errors import CodeModeUserError
 from ..shared._names import (
@@ -84,6 +86,18 @@ class RunSummary:
     """The state came from the run's `CodemodeStatus` search attribute or `status` memo (so it was not asked)."""
     version: str | None = None
     """The Worker Deployment version the run is pinned to, `NAME:BUILD_ID` (`None`: an unversioned worker's run)."""
+
+
+async def _memo(execution: WorkflowExecution) -> Mapping[str, Any]:
+    """The run's memo, or `{}` when this client cannot read it: a run encrypted with a key it does not hold.
+
+    One such run in the namespace must not take the whole listing down (the page's runs list answered 500 for
+    every run). Its agent and status still come from the search attributes, which are not encrypted.
+    """
+    try:
+        return await execution.memo()
+    except (EncryptionError, KeyError):  # a key this client lacks; no codec at all ("Unknown payload encoding")
+        return {}
 
 
 async def _pending(client: Client, execution: WorkflowExecution) -> int | None:
@@ -153,7 +167,7 @@ async def _list(client: Client, *, agent: str | None, status: str | None, query:
     # search attribute (so a fleet of waiting runs cannot crowd the running ones out), else read more, filter here.
     scan = limit * 10 if not indexed and (agent or status in ("waiting", "running")) else limit
     async for execution in client.list_workflows(" AND ".join(clauses), limit=scan):
-        memo = await execution.memo()
+        memo = await _memo(execution)
         name = execution.typed_search_attributes.get(AGENT_KEY) or memo.get(AGENT_MEMO)
         name = name if isinstance(name, str) else None
         if agent is not None and name != agent:
