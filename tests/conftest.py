@@ -28,6 +28,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     pytest-xdist hands tests out in this order: a slow test started last would run alone at the end while the other
     processes wait (one 100 s test there is 100 s of a 2-core machine half idle).
+
+    The tests that load the CPU most (dozens of runs at once, worker kills) share the `xdist_group` "cpu-heavy": one
+    process runs them one after another. Started together, they starved each other's workflow threads past
+    Temporal's 2 s deadlock detector (TMPRL1101) and the runs crawled through task retries; one at a time, beside
+    the other processes' ordinary tests, is the load a test of ours must hold under (two CPU burners included).
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 

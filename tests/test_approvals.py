@@ -212,6 +212,7 @@ async def test_worker_restarted_while_paused_then_approved(client: Client) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 @pytest.mark.timeout(240)
 async def test_a_hundred_paused_runs_hold_no_sandbox_process(client: Client) -> None:
     refunds: list[tuple[str, int]] = []

@@ -8,6 +8,7 @@ from ._bench import run_bench
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 @pytest.mark.timeout(150)
 def test_approvals_bench_runs_and_prints_the_table() -> None:
     out = run_bench("approvals_bench.py", "--reps", "1", "--paused", "5")

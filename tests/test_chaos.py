@@ -119,6 +119,7 @@ async def _wait_for_effects(ledger: Ledger, count: int, fleet: WorkerFleet, work
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 @pytest.mark.timeout(300)
 async def test_runs_survive_worker_kills_and_a_server_restart(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], record_property: Callable[[str, object], None]) -> None:

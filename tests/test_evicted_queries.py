@@ -51,6 +51,7 @@ def _agent(name: str) -> CodeModeAgent:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 async def test_waiting_for_approvals_never_stalls_a_run_on_a_worker_without_a_cache(client: Client) -> None:
     agent = _agent("evicted-queries")
     tq = new_task_queue()
@@ -66,6 +67,8 @@ async def test_waiting_for_approvals_never_stalls_a_run_on_a_worker_without_a_ca
             assert (await handle.result()).output == f"[{sum(range(CALLS))}, 'done x']"
             history = await handle.fetch_history()
             lost = [e.event_id for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT]
-            assert not lost, f"run {handle.id}: a workflow task was lost and timed out (events {lost})"
-            assert paused_after < 8, f"run {handle.id} took {paused_after:.1f} s to pause"
+            # The stall this test is about is a task the worker dropped, which the server times out after 10 s and
+            # records: the history says whether it happened, whatever the machine's load did to the wall time.
+            assert not lost, (f"run {handle.id}: a workflow task was lost and timed out (events {lost}); "
+                              f"it paused after {paused_after:.1f} s")
             await replay(handle)

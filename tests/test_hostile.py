@@ -265,6 +265,7 @@ async def deny_first(client: Client, handle: WorkflowHandle[Any, Any]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 @pytest.mark.timeout(180)
 async def test_hostile_corpus(client: Client, roomy_pool: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(SECRET_ENV, "hunter2")

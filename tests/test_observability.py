@@ -532,7 +532,7 @@ async def test_watch_stops_at_an_approval_and_says_how_to_decide(client: Client)
         handle = await start_run(client, name, "go", task_queue=tq)
         rc, out, err = await codemode("watch", handle.id, address=address(client))
         assert rc == 3, (out, err)
-        assert "  ✓ call_0.0 get(i=1)" in out
+        assert "  ✓ call_0.0 get(i=1)" in out, out  # whole: seen missing once under load, the rest unknown
         assert '  ⏸ call_0.1 refund(order="A", cents=10) waits for approval (line 2)' in out
         assert f"codemode approve {handle.id} call_0.1" in out
         await decide(client, handle.id, "call_0.1", approved=True)

@@ -89,6 +89,7 @@ async def failed_tasks(handle: WorkflowHandle[Any, Any]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cpu-heavy")  # one at a time (tests/conftest.py)
 @pytest.mark.timeout(240)
 async def test_more_runs_than_sandbox_processes_queue_and_all_complete(client: Client, small_pool: int) -> None:
     effects = Effects()
