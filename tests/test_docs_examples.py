@@ -78,6 +78,10 @@ from durable_codemode.worker import _pool
 from ._agents import items_agent
 from .test_debugging import CODE, echo, with_code
 
+pytestmark = pytest.mark.xdist_group("test_docs_examples")
+"""The pages share one worker and its waiting runs (`shop`), and a page that sizes the Monty pool needs the runs
+before it to have let their sandboxes go: the module's tests run in one process, in the order they are collected."""
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "bench" / "README.md"]
 
