@@ -2,11 +2,12 @@
 
 Importing `durable_codemode.cli` (pydantic-ai, temporalio, the apps) costs ~3 s of CPU, and the suite runs the
 command ~90 times and the bench scripts a dozen times: measured, started afresh they took ~340 s of CPU, the largest
-single cost of the suite (~900 s in all on 2 cores); forked, 27 s. So the tests that run a command or a script do
-it the way a fork server does (`multiprocessing`'s "forkserver" start method): one process imports them once
-(`tests/_forked_preload.py`) and forks a child for each run. Each child is still its own process, with its own arguments, environment, working
-directory, standard streams (stdin empty, stdout and stderr captured) and exit status, and a command leaves the way
-`codemode` does (`main()`, `exit_process`, `os._exit`): what it prints and how it exits are its own.
+single cost of the suite (~900 s in all on 2 cores); forked, 27 s. So the tests that run a command or a script do it
+the way a fork server does (`multiprocessing`'s "forkserver" start method): one process imports them once
+(`tests/_forked_preload.py`) and forks a child for each run. Each child is still its own process, with its own
+arguments, environment, working directory, standard streams (stdin empty, stdout and stderr captured) and exit
+status, and a command leaves the way `codemode` does (`main()`, `exit_process`, `os._exit`): what it prints and how
+it exits are its own.
 
 What a fork skips is the interpreter's start and the import, so the tests about those still start a fresh
 interpreter: the console script of an installed wheel (`test_packaging`), `python -m durable_codemode.cli` from an
