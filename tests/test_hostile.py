@@ -220,6 +220,11 @@ async def task_failures(handle: WorkflowHandle[Any, Any]) -> list[str]:
     """Each failed workflow task of the run's chain: its cause, the failure's type and message, its stack's end.
 
     All of it, not the message alone: a failure once came with an empty message, which said nothing to chase.
+
+    Not the server's flush of buffered events (`FORCE_CLOSE_COMMAND` with no failure attached): over 100 events
+    arriving while a task runs (a gather's 500 results, on a loaded machine) make the server close the task and
+    hand it out again with them. That is Temporal's own limit (`history.maximumBufferedEventsBatch`), nothing of
+    the run fails or is lost, and no worker can prevent it.
     """
     failures = []
     for history in await fetch_chain_histories(handle):
@@ -227,6 +232,9 @@ async def task_failures(handle: WorkflowHandle[Any, Any]) -> list[str]:
             if event.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
                 continue
             attributes = event.workflow_task_failed_event_attributes
+            if (attributes.cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND
+                    and not attributes.failure.message):
+                continue
             failure = attributes.failure
             kind = failure.application_failure_info.type if failure.HasField("application_failure_info") else ""
             stack = failure.stack_trace.strip().splitlines()[-3:]

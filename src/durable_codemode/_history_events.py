@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic_ai.messages import ModelResponse
 from pydantic_ai.usage import RunUsage
 from temporalio.api.common.v1 import Payload, Payloads
+from temporalio.api.enums.v1 import WorkflowTaskFailedCause
 from temporalio.api.failure.v1 import Failure
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import WorkflowHistory
@@ -99,6 +100,15 @@ def decode(payloads: Payloads | Sequence[Payload], kind: Any = None) -> Any:
             return json.loads(items[0].data)
         except ValueError:
             return items[0].data.decode(errors="replace")
+
+
+def _cause_text(cause: WorkflowTaskFailedCause.ValueType) -> str:
+    """What a workflow task failure the worker did not write (no failure attached) was, from its cause."""
+    if cause == WorkflowTaskFailedCause.WORKFLOW_TASK_FAILED_CAUSE_FORCE_CLOSE_COMMAND:
+        # The server's own: over 100 events (or 2 MiB) arrived while the task ran, e.g. a gather's results.
+        return ("closed by the server: more events arrived while the task ran than it buffers (Temporal's "
+                "history.maximumBufferedEventsBatch, 100); the task ran again with them, nothing was lost")
+    return f"failed ({WorkflowTaskFailedCause.Name(cause)})" if cause else "failed"
 
 
 def _time(event: HistoryEvent) -> datetime:
@@ -344,7 +354,7 @@ class RunReader:
                     parsed.signals.append((signal.signal_name, decision))
         elif kind == "workflow_task_failed_event_attributes":
             task = event.workflow_task_failed_event_attributes
-            text = failure_text(task.failure) if task.HasField("failure") else "failed"
+            text = failure_text(task.failure) if task.failure.message else _cause_text(task.cause)
             if text not in parsed.run.task_failures:
                 parsed.run.task_failures.append(text)
             return EventRead(task_failure=text)

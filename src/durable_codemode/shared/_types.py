@@ -29,6 +29,7 @@ from ._run_events import EventStreamSettings
 
 __all__ = [
     "BEHAVIOR_VERSION",
+    "COMPUTE_IS_NO_WAIT",
     "MAX_DEPS_BYTES",
     "OLDEST_BEHAVIOR_VERSION",
     "RECORDED_RULE_VERDICTS",
@@ -213,7 +214,7 @@ class ToolCatalog:
         return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
 
 
-BEHAVIOR_VERSION = 2
+BEHAVIOR_VERSION = 3
 """How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
 
 Raise it when a change would make a recorded run replay differently (another command, another order, another
@@ -225,7 +226,12 @@ supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its la
   replays read it (version 1 asks the rule again on every replay, so its replay needs the rule as it was); and the
   run's code writes how it ended the run (`completed`, `failed`, `cancelled`) into its status
   (the `CodemodeStatus` search attribute, or the `status` memo) in the workflow task that ends it: one more
-  command there (`tests/histories/behavior_version_2.json`)."""
+  command there (`tests/histories/behavior_version_2.json`).
+- 3: as 2, but a stretch of compute that goes on in the compute activity is no wait of the program: its clock
+  does not move over it and its count of host calls without a wait goes on (version 2 moved the clock to the
+  activity's end and started the count again, so a busy-wait on the clock ended, and a loop retrying a refused
+  call was never stopped, only where a loaded machine sent its compute to the activity;
+  `tests/histories/compute_escalations_v2.json`, `behavior_version_3.json`)."""
 
 OLDEST_BEHAVIOR_VERSION = 1
 """The oldest behaviour version this release replays; older runs are refused by name (`workflow._run`)."""
@@ -238,6 +244,11 @@ RECORDED_RULE_VERDICTS = 2
 
 RECORDED_END_STATUS = 2
 """The behaviour version from which the run's code writes how it ended the run into its status."""
+
+COMPUTE_IS_NO_WAIT = 3
+"""The behaviour version from which compute in the compute activity neither moves a program's clock nor starts its
+count of host calls without a wait again (`workflow._snippet_driver`): a program answers the same wherever its
+compute ran, so on a quiet machine and a loaded one alike."""
 
 
 @dataclass(kw_only=True)

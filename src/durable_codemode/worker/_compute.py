@@ -6,7 +6,7 @@ stretch past it is not lost, and it is never timed again:
 
 - one that workflow code finished anyway (it took 0.6 s) is *recorded* here: the request carries where the
   program got to, and the activity returns it, so a replay takes it from the history instead of running it;
-- one still computing at the live backstop (`_pool.LIVE_BACKSTOP_SECONDS`), or whose sandbox process died, is
+- one still computing at the live backstop (`shared._config.LIVE_BACKSTOP_SECONDS`), or whose sandbox process died, is
   *computed* here: the activity loads the program's last dump, gives it again the answers it had since (it
   repeats itself exactly), and lets it compute on for up to `max_compute_seconds`, in the compute pool.
 

@@ -36,6 +36,7 @@ from typing import Any
 import pydantic_monty
 from pydantic_monty._binary import find_monty_binary
 
+from ..shared._config import LIVE_BACKSTOP_SECONDS
 from ..shared._errors import CodeModeUserError
 from ..workflow._sandbox_sessions import SessionKind, provide_sandbox_sessions
 
@@ -52,10 +53,6 @@ __all__ = [
     "shutdown_pool",
 ]
 
-LIVE_BACKSTOP_SECONDS = 1.2
-"""Seconds one request to a live workflow task's sandbox (a stretch of compute, a load, a dump) may take before
-its process is killed: under Temporal's 2 s deadlock limit with room for the rest of the task. A program past it
-is not lost: it goes on in the compute activity."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,13 +1,14 @@
 """What a program's OS calls are answered with in workflow code (sleeps aside: they wait, so the driver has them).
 
-Clock reads answer `workflow.now()`, `os.urandom` draws from `workflow.random()`, environment reads see only the
-recorded allow-list, file calls are answered from the run's own files (`_files.RunFilesystem`) or refused when the
-run has none, and imports of modules Monty does not have are refused with what a program may import instead.
-This module runs in workflow code.
+Clock reads answer the program's clock (`workflow.now()` as of its last wait), `os.urandom` draws from
+`workflow.random()`, environment reads see only the recorded allow-list, file calls are answered from the run's own
+files (`_files.RunFilesystem`) or refused when the run has none, and imports of modules Monty does not have are
+refused with what a program may import instead. This module runs in workflow code.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from temporalio import workflow
@@ -25,10 +26,12 @@ _IMPORTS_MESSAGE = (
 )
 
 
-def os_call_answer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, env: dict[str, str],
-                   files: RunFilesystem | None) -> Settled:
-    """The answer to the OS call `name` (not a sleep): the same, live and on replay."""
-    now = workflow.now()
+def os_call_answer(name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None, *, now: datetime,
+                   env: dict[str, str], files: RunFilesystem | None) -> Settled:
+    """The answer to the OS call `name` (not a sleep): the same, live and on replay.
+
+    `now` is the program's clock: `workflow.now()` as of its last wait (see `_snippet_driver`).
+    """
     if name == "datetime.now":
         tz = args[0] if args else None
         value: Any = now.astimezone(tz) if tz is not None else now.replace(tzinfo=None)

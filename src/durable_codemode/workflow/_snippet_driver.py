@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any, Literal, cast
 
 import pydantic_monty
+from pydantic_core import to_json
 from pydantic_monty import (
     CollectStreams,
     FunctionSnapshot,
@@ -30,7 +31,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from ..shared._activity_io import ComputeRequest, ComputeResult
 from ..shared._compute_wire import NAME_LOOKUP, decode_dump, encode_answer, encode_dump, encoded_size
-from ..shared._config import is_time_limit
+from ..shared._config import LIVE_BACKSTOP_SECONDS, LIVE_TASK_SECONDS, is_time_limit
 from ..shared._files import FILES_ROOT
 from ..shared._names import (
     COMPUTE_ACTIVITY,
@@ -41,6 +42,7 @@ from ..shared._names import (
 )
 from ..shared._records import CallRecord
 from ..shared._results import bounded_result, clip, jsonable, printable
+from ..shared._types import COMPUTE_IS_NO_WAIT
 from ._catalog import CATALOG_FUNCTIONS
 from ._guards import MAX_ANSWERS_WITHOUT_WAIT, call_refusal, output_overflow_message, stopped_message
 from ._os_calls import os_call_answer
@@ -101,12 +103,15 @@ class SnippetDriver:
         self._told = 0
         """Characters of the printed output the run's observers were told of (`tell_printed`)."""
         self._answers = 0
-        """Host round trips since the driver last waited on Temporal (see `_guards.MAX_ANSWERS_WITHOUT_WAIT`)."""
+        """Host round trips since the program last waited (see `_guards.MAX_ANSWERS_WITHOUT_WAIT`)."""
+        self._clock = workflow.now()
+        """The program's clock (behaviour version 3 on): `workflow.now()` when it last waited, or started."""
+        self._compute_is_no_wait = repl.spec.behavior_version >= COMPUTE_IS_NO_WAIT
         self._args_in_flight: dict[int, int] = {}
         """Argument bytes of the tool calls in flight, by Monty call id."""
         self._stretch = 0
-        self._activation_seconds = 0.0
-        """Compute of the stretches run since the driver last waited on Temporal (`max_feed_seconds`)."""
+        self._task_started = time.monotonic()  # determinism: ok (decides live only what is recorded)
+        """When the driver last took up the program in a workflow task (live; `max_feed_seconds`)."""
         self._computed_seconds = 0.0
         self._base: Base | None = None
         self._start_state: bytes | None = None
@@ -132,9 +137,25 @@ class SnippetDriver:
             self._told = len(printed)
 
     def _waited(self) -> None:
-        """The program just waited on Temporal: a new workflow task, with its own budgets."""
+        """The program just waited (a tool call it awaited, a sleep): a new workflow task, with its own budgets."""
         self._answers = 0
-        self._activation_seconds = 0.0
+        self._clock = workflow.now()
+        self._new_task()
+
+    def _new_task(self) -> None:
+        """The driver takes the program up again in a new workflow task, the program having waited or not."""
+        self._task_started = time.monotonic()  # determinism: ok (decides live only what is recorded)
+
+    def _computed_elsewhere(self) -> None:
+        """A stretch came back from the compute activity: for the program (version 3 on), no wait at all.
+
+        Where a stretch computes is decided by the live machine's speed, so from behaviour version 3 on it must
+        not change what the program sees: its clock stays, and its host calls without a wait go on counting.
+        """
+        if self._compute_is_no_wait:
+            self._new_task()
+        else:
+            self._waited()
 
     async def drive(self) -> SnippetOutcome:
         limits = self._spec.limits
@@ -282,26 +303,43 @@ class SnippetDriver:
         the compute activity computes the stretch from the last dump. The program's own errors propagate.
         """
         started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
+        if not is_replaying() and started - self._task_started + LIVE_BACKSTOP_SECONDS > LIVE_TASK_SECONDS:
+            # Run here, the stretch could keep the task past Temporal's deadlock limit: the activity runs it.
+            return await self._went_over(self._request(seed))
         try:
             snap = step()
         except MontyRuntimeError as e:
-            if not is_time_limit(e):
+            if not is_time_limit(e) and not self._past_backstop(started):
                 raise
             return await self._went_over(self._request(seed), killed=e)
         except (MontySyntaxError, MontyTypingError):
             raise
         except MontyError as e:
             return await self._went_over(self._request(seed), killed=e)
-        return await self._timed(snap, started)
+        return await self._timed(snap, started, seed)
 
-    async def _timed(self, snap: Any, started: float) -> Any:
+    @staticmethod
+    def _past_backstop(started: float) -> bool:
+        """Whether a live stretch that answered ran past the backstop, so its process may be killed under it.
+
+        The pool's timer and the sandbox's answer race: a stretch that answered (even with the program's own error)
+        after `LIVE_BACKSTOP_SECONDS` may have a killed process, which the next request finds ("this checkout has
+        already been finished"). Such a stretch is computed again in the activity, as a killed one is.
+        """
+        if is_replaying():
+            return False  # the replay pool has no backstop
+        return time.monotonic() - started >= LIVE_BACKSTOP_SECONDS  # determinism: ok (live only; recorded)
+
+    async def _timed(self, snap: Any, started: float, seed: int) -> Any:
         """A live stretch that finished in workflow code: recorded if it was past the in-workflow budget."""
         if is_replaying():
             return snap  # a replay decides nothing by the clock: over-budget stretches have their marker
-        took = time.monotonic() - started  # determinism: ok (timed live only; what it decides is recorded)
-        self._activation_seconds += took
+        if self._past_backstop(started):
+            return await self._went_over(self._request(seed))
+        now = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
+        took, in_task = now - started, now - self._task_started
         limits = self._spec.limits
-        if took <= limits.max_turn_seconds and self._activation_seconds <= limits.max_feed_seconds:
+        if took <= limits.max_turn_seconds and in_task <= limits.max_feed_seconds:
             return snap
         outcome = self._outcome_of(snap, took)
         if outcome is None:
@@ -326,11 +364,13 @@ class SnippetDriver:
         else:
             state, kind = snap.dump(), "suspended"
         encoded = encode_dump(state)
-        if encoded_size(encoded) > DUMP_LIMIT_WITHOUT_STORE and not self._spec.payload_store:
+        output = jsonable(snap.output) if isinstance(snap, MontyComplete) else None
+        printed = self._printed()[len(self._base.printed):]
+        # The value and the printed text travel too: a program's last value may be 10 MB ('x' * 10**7).
+        carried = encoded_size(encoded) + len(printed) + (len(to_json(output)) if output is not None else 0)
+        if carried > DUMP_LIMIT_WITHOUT_STORE and not self._spec.payload_store:
             return None
-        return ComputeResult(kind=kind, state=encoded, where="workflow", seconds=took,
-                             output=jsonable(snap.output) if isinstance(snap, MontyComplete) else None,
-                             printed=self._printed()[len(self._base.printed):])
+        return ComputeResult(kind=kind, state=encoded, where="workflow", seconds=took, output=output, printed=printed)
 
     def _request(self, seed: int = 0) -> ComputeRequest:
         """The compute activity's input: the stretch from the last dump (unchecked on replay: never re-sent)."""
@@ -390,7 +430,7 @@ class SnippetDriver:
         except ActivityError as e:
             cause = e.cause.message if isinstance(e.cause, ApplicationError) else str(e.cause or e)
             raise SnippetEnded(self._lost(f"its compute activity failed: {cause}")) from e
-        self._waited()
+        self._computed_elsewhere()
         if result.where == "activity":  # from the result, so a replay decides the same
             self._computed_seconds += result.seconds
             self._repl.lenient_names = True  # it ran unchecked: later checks may not know the names it defined
@@ -520,7 +560,8 @@ class SnippetDriver:
                 self._waited()
                 return Parked(state), {"return_value": None}
             return snap, {"return_value": None}
-        return snap, os_call_answer(name, args, snap.kwargs, env=self._spec.env, files=self._repl.files)
+        now = self._clock if self._compute_is_no_wait else workflow.now()
+        return snap, os_call_answer(name, args, snap.kwargs, now=now, env=self._spec.env, files=self._repl.files)
 
     @staticmethod
     async def _sleep(seconds: float) -> tuple[Settled, CallRecord | None]:
