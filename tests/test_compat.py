@@ -78,7 +78,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
     from durable_codemode.shared._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
-    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (2, 1)
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (3, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
     # From behaviour version 2, a call an approval rule gates records this marker; a replay reads it.
     from durable_codemode.shared._types import RECORDED_RULE_VERDICTS

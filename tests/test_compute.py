@@ -119,9 +119,17 @@ async def run(client: Client, *steps: Any, limits: SnippetLimits = TIGHT, effect
     assert POOL.live_sessions() == 0
     await replays_whatever_the_speed(client, handle)
     history = await handle.fetch_history()
-    assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    failed = [e.workflow_task_failed_event_attributes.failure.message for e in history.events
+              if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    # The one failure a loaded machine may cause: a multi-MB REPL loaded back from the compute activity past the
+    # live backstop; the task is retried and the run goes on unchanged (docs/limits.md). Anything else is a bug.
+    assert all(SLOW_LOAD in m for m in failed), failed
     assert result.continued_as_new == 0
     return result, handle
+
+
+SLOW_LOAD = "back from its compute activity took past the live sandbox's"
+"""What a workflow task failed by a slow load of a big REPL says (`_snippet_driver._load_outcome`)."""
 
 
 def _compute_activities(history: WorkflowHistory) -> list[str]:

@@ -28,6 +28,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from durable_codemode import decide, start_run, wait_for_approvals
 from durable_codemode.client._devserver import temporal_cli_path
+from durable_codemode.shared._types import BEHAVIOR_VERSION
 from durable_codemode.testing import new_task_queue, replay
 
 from ._deploy_agents import AGENT, calls
@@ -108,7 +109,7 @@ async def test_a_paused_run_stays_on_its_version_across_a_deploy_checked_first(e
         rc, out, err = await codemode("check-deploy", "--worker", "tests._deploy_new", "--query",
                                       f"TaskQueue = '{tq}'", address=address)
         assert rc == 1, (out, err)
-        assert f"run {paused.id} (agent ops, version {deployment}:v1, behaviour version 2" in out, out
+        assert f"run {paused.id} (agent ops, version {deployment}:v1, behaviour version {BEHAVIOR_VERSION}" in out, out
         assert "WOULD BREAK" in out and "1 runs: 1 would break, 0 ok" in out
         assert "error    tool 'notify': gone in the new code" in out
         assert "error    tool 'transfer': parameter 'cents' is gone (renamed?)" in out

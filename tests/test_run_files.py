@@ -208,7 +208,7 @@ Path("a.txt").write_text(Path("a.txt").read_text() + "after")
 open("a.txt").read()
 """
 """File calls, then ~2.4 s of compute, then file calls again. The compute is past the live backstop
-(`LIVE_BACKSTOP_SECONDS`, 0.8 s), so it goes on in the compute activity, which feeds the snippet again in
+(`LIVE_BACKSTOP_SECONDS`, 1 s), so it goes on in the compute activity, which feeds the snippet again in
 `/files` and gives it the file answers again, a handle among them. (10M steps took 1.21 s here: on a quiet machine
 they sometimes finished under the backstop, in workflow code, and the test failed; 20M keep twice the margin.)"""
 

@@ -25,6 +25,7 @@ from temporalio.client import WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
 from durable_codemode import CodeModeRunWorkflow, RunResult, start_run
+from durable_codemode.shared._names import MODEL_REQUEST_ACTIVITY
 from durable_codemode.testing import new_task_queue, replay
 
 from ._ledger_worker import AGENT, Ledger, LedgerTask
@@ -152,13 +153,18 @@ async def test_workers_without_a_workflow_cache_export_each_span_once(env: Workf
 
 
 async def _taken_by(handle: WorkflowHandle[Any, Any]) -> dict[str, str]:
-    """For each nested call's id, the identity of the worker whose workflow task took its result (and ended its span).
+    """Who took each step's result: for each call id (and `turn N`, the run's model requests), a worker's identity.
 
-    That is the first workflow task started after the call's activity completed.
+    The worker whose workflow task took a step's result ended its span: the first workflow task started after the
+    step's activity completed.
     """
     events = list((await handle.fetch_history()).events)
+    scheduled = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED]
+    turns = [e.event_id for e in scheduled
+             if e.activity_task_scheduled_event_attributes.activity_type.name == MODEL_REQUEST_ACTIVITY]
     call_of = {e.event_id: e.activity_task_scheduled_event_attributes.activity_id.rsplit("-", 1)[0]
-               for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED}
+               for e in scheduled}
+    call_of.update({event_id: f"turn {n}" for n, event_id in enumerate(turns)})
     taken: dict[str, str] = {}
     for i, e in enumerate(events):
         if e.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
@@ -180,8 +186,13 @@ async def test_a_killed_worker_never_makes_a_span_exported_twice(env: WorkflowEn
         twice = sorted(f"{name} {call}" for (_, name, call), n in copies.items() if n > 1)
         assert not twice, f"run {handle.id}: exported more than once: {twice}"
         missing = expected_steps(task) - {(name, call) for _, name, call in copies}
-        # What the killed worker held when it died (the spans its last tasks ended, not yet known recorded) is
-        # lost with it, as its span processor's buffer would be; everything the survivor ended is there.
+        # What the killed worker held when it died (the spans its last tasks ended, not yet known recorded: a
+        # call's, a model request's) is lost with it, as its span processor's buffer would be; everything the
+        # survivor ended is there.
         taken = await _taken_by(handle)
-        assert all(name.startswith("codemode.call ") and taken.get(call) == victim.identity
-                   for name, call in missing), (missing, taken, victim.identity)
+
+        lost = [(name, call) for name, call in missing
+                if taken.get(name.removeprefix("codemode.model_request ") if name.startswith(
+                    "codemode.model_request turn ") else call if name.startswith("codemode.call ") else "") !=
+                victim.identity]
+        assert not lost, (lost, taken, victim.identity)

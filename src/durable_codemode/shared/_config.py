@@ -42,11 +42,11 @@ DEFAULT_TOOL_RETRY_POLICY = RetryPolicy(
 #: workflow task, so its limits stay well under that, with room for a replay on a slower, busier worker.
 _DEADLOCK_MARGIN_SECONDS = 1.5
 
-LIVE_BACKSTOP_SECONDS = 0.8
+LIVE_BACKSTOP_SECONDS = 1.0
 """Seconds one request to a live workflow task's sandbox (a stretch of compute, a load, a dump) may take before
 its process is killed (`worker/_pool`). A program past it is not lost: it goes on in the compute activity."""
 
-LIVE_TASK_SECONDS = 1.4
+LIVE_TASK_SECONDS = 1.5
 """Wall time a live workflow task may spend driving a program, a last stretch at the backstop included: a stretch
 starts in workflow code only while the task has spent under `LIVE_TASK_SECONDS - LIVE_BACKSTOP_SECONDS` (else the
 compute activity runs it, recorded). The rest of Temporal's 2 s is for the task's own work, which a loaded worker
@@ -171,10 +171,10 @@ class SnippetLimits:
     max_turn_seconds: float = 0.4
     """The in-workflow budget of one stretch of compute (between two host round trips: tool calls, clock reads).
     A stretch past it is recorded in the history, so no replay re-runs it: one the workflow task finished is
-    kept; one still computing at 0.8 s (`LIVE_BACKSTOP_SECONDS`) goes on in the compute activity. Either
+    kept; one still computing at 1 s (`LIVE_BACKSTOP_SECONDS`) goes on in the compute activity. Either
     way the program goes on; the budget only decides where it computes."""
 
-    max_feed_seconds: float = 0.6
+    max_feed_seconds: float = 0.5
     """The in-workflow budget of one workflow task: the wall time it spends driving the program (its stretches,
     and the answers to its host calls) since the program last waited on Temporal. Past it, the stretch that
     crossed it is recorded, as for `max_turn_seconds`, and the program goes on after a round trip to the compute

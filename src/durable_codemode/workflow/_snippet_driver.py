@@ -341,7 +341,10 @@ class SnippetDriver:
         limits = self._spec.limits
         if took <= limits.max_turn_seconds and in_task <= limits.max_feed_seconds:
             return snap
-        outcome = self._outcome_of(snap, took)
+        try:
+            outcome = self._outcome_of(snap, took)
+        except MontyCrashedError:  # its dump killed by the backstop (a big REPL, a loaded machine): compute it again
+            return await self._went_over(self._request(seed))
         if outcome is None:
             return snap  # too big to record without a payload store: a replay computes it again
         request = ComputeRequest(agent=self._spec.agent, run_code_id=self._run_code_id, start="computed",
@@ -464,12 +467,20 @@ class SnippetDriver:
         """Load where the compute activity left the program; a process that dies under the load is replaced.
 
         Loading decides nothing (no command depends on how long it takes), so a second try is replay-safe; a
-        second failure fails the workflow task, and Temporal retries it.
+        second failure fails the workflow task, and Temporal retries it. A load the backstop killed is not tried
+        again in the same task: a second one as slow would keep the task past Temporal's 2 s deadlock limit (a
+        28 MB REPL on a loaded machine), so the task fails at once and its retry loads it afresh.
         """
+        started = time.monotonic()  # determinism: ok (decides only a retry of this task, which replays the same)
         try:
             return self._repl.unpark(state, self._streams)
-        except MontyCrashedError:
+        except MontyCrashedError as e:
             self._repl.close()
+            if self._past_backstop(started):
+                raise SandboxUnavailableError(
+                    f"loading {self._run_code_id}'s program ({len(state):,} bytes) back from its compute activity "
+                    f"took past the live sandbox's {LIVE_BACKSTOP_SECONDS:g} s backstop (a loaded worker); the "
+                    "workflow task will be retried") from e
         try:
             return self._repl.unpark(state, self._streams)
         except MontyCrashedError as e:
