@@ -527,7 +527,12 @@ async def test_subscribers_of_an_uncached_run_under_load_see_the_same_events(cli
         burner.kill()
         await burner.wait()
     expected = [_comparable(i, durations=False) for i in fresh]
-    assert [[_comparable(i, durations=False) for i in s] for s in seen] == [expected, expected]
+    for reader, items in enumerate(seen):
+        got = [_comparable(i, durations=False) for i in items]
+        pairs = enumerate(zip(got, expected, strict=False))
+        n = next((k for k, (a, b) in pairs if a != b), min(len(got), len(expected)))
+        assert got == expected, (f"reader {reader}: {len(got)} events, {len(expected)} expected; first difference at "
+                                 f"{n}: got {got[max(n - 1, 0):n + 2]}, expected {expected[max(n - 1, 0):n + 2]}")
     prints = "".join(i.event.text for i in fresh if isinstance(i.event, PrintEvent))
     assert prints == "".join(f"step {i}\n" for i in range(12))
     await replay(handle)

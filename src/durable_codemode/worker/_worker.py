@@ -42,6 +42,7 @@ from ._pool import POOL, PoolSettings, check_sandbox_binary
 from ._seal import repl_key_from_env
 from ._span_exports import WorkerSpans
 from ._span_settling import SpanRecordingRunner, settle_all, settle_spans
+from ._task_timing import TaskTimingRunner
 from ._tracing import worker_interceptors
 from ._waiting_runs import start_check
 
@@ -341,6 +342,8 @@ def create_worker(
     version = _deployment(deployment, worker_options)
     worker_options.setdefault("sticky_queue_schedule_to_start_timeout", timedelta(seconds=3))
     worker_options.setdefault("workflow_runner", workflow_runner())
+    # The compute budget counts from each activation's start (`workflow._task_clock`).
+    worker_options["workflow_runner"] = TaskTimingRunner(worker_options["workflow_runner"])
 
     mcp_servers = McpServers([agent.agent for agent in agents])
     if tracing is None:

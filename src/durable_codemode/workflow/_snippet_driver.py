@@ -67,6 +67,7 @@ from ._snippet_state import (
     SnippetEnded,
     too_large,
 )
+from ._task_clock import task_began
 from ._type_check import RECORDED_REJECTION, real_type_errors
 
 __all__ = ["SnippetDriver"]
@@ -303,7 +304,7 @@ class SnippetDriver:
         the compute activity computes the stretch from the last dump. The program's own errors propagate.
         """
         started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
-        if not is_replaying() and started - self._task_started + LIVE_BACKSTOP_SECONDS > LIVE_TASK_SECONDS:
+        if not is_replaying() and started - task_began(self._task_started) + LIVE_BACKSTOP_SECONDS > LIVE_TASK_SECONDS:
             # Run here, the stretch could keep the task past Temporal's deadlock limit: the activity runs it.
             return await self._went_over(self._request(seed))
         try:
@@ -337,7 +338,7 @@ class SnippetDriver:
         if self._past_backstop(started):
             return await self._went_over(self._request(seed))
         now = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
-        took, in_task = now - started, now - self._task_started
+        took, in_task = now - started, now - task_began(self._task_started)
         limits = self._spec.limits
         if took <= limits.max_turn_seconds and in_task <= limits.max_feed_seconds:
             return snap
