@@ -133,3 +133,46 @@ async def _record() -> None:
 
 if __name__ == "__main__":
     asyncio.run(_record())
+
+
+def test_the_compute_budget_counts_from_the_activation_start() -> None:
+    """The worker's runner tells workflow code, on the activation's thread, when the activation began."""
+    import threading
+    import time
+
+    from temporalio.worker import UnsandboxedWorkflowRunner
+
+    from durable_codemode.worker._task_timing import TaskTimingRunner, _TimedInstance
+    from durable_codemode.workflow._task_clock import activation_began, task_began
+
+    later = time.monotonic()
+    assert task_began(later) <= later
+    seen: list[float] = []
+
+    def on_another_thread() -> None:  # nothing recorded there yet: the driver's own start
+        seen.append(task_began(later))
+
+    thread = threading.Thread(target=on_another_thread)
+    thread.start()
+    thread.join()
+    assert seen == [later]
+    activation_began(later - 1.5)  # an activation that began 1.5 s before the driver took the program up
+    assert task_began(later) == later - 1.5
+    assert task_began(later - 2) == later - 2  # never later than the driver's own start
+
+    class Probe:
+        def activate(self, act: Any) -> Any:
+            return task_began(float("inf"))
+
+    instance = _TimedInstance(Probe())  # type: ignore[arg-type]
+    before = time.monotonic()
+    assert before <= instance.activate(None) <= time.monotonic()  # type: ignore[arg-type]
+    assert isinstance(TaskTimingRunner(UnsandboxedWorkflowRunner()), TaskTimingRunner)
+
+
+async def test_create_worker_times_its_activations(client: Client) -> None:
+    from durable_codemode import create_worker
+    from durable_codemode.worker._task_timing import TaskTimingRunner
+
+    worker = create_worker(client, [agent("timed-worker")], task_queue=new_task_queue())
+    assert isinstance(worker.config()["workflow_runner"], TaskTimingRunner)

@@ -175,8 +175,8 @@ class SnippetLimits:
     way the program goes on; the budget only decides where it computes."""
 
     max_feed_seconds: float = 0.5
-    """The in-workflow budget of one workflow task: the wall time it spends driving the program (its stretches,
-    and the answers to its host calls) since the program last waited on Temporal. Past it, the stretch that
+    """The in-workflow budget of one workflow task: wall time since its activation began (its other jobs, such as a
+    gather's results, then the program's stretches and the answers to its host calls). Past it, the stretch that
     crossed it is recorded, as for `max_turn_seconds`, and the program goes on after a round trip to the compute
     activity; a task near it (`LIVE_TASK_SECONDS`) starts no stretch in workflow code. Wall time, not CPU time: a
     loaded worker's task gets less done in it, never more time, so Temporal's 2 s deadlock limit is kept under
