@@ -304,8 +304,10 @@ class SnippetDriver:
         the compute activity computes the stretch from the last dump. The program's own errors propagate.
         """
         started = time.monotonic()  # determinism: ok (timed live only; what it decides is recorded)
-        if not is_replaying() and started - task_began(self._task_started) + LIVE_BACKSTOP_SECONDS > LIVE_TASK_SECONDS:
-            # Run here, the stretch could keep the task past Temporal's deadlock limit: the activity runs it.
+        late = started - task_began(self._task_started) + LIVE_BACKSTOP_SECONDS > LIVE_TASK_SECONDS
+        if late and self._stretch > 0 and not is_replaying():
+            # Run here, the stretch could keep the task past Temporal's deadlock limit: the activity runs it. Not
+            # the first: it type-checks the snippet, which the activity does not (it would run a rejected one).
             return await self._went_over(self._request(seed))
         try:
             snap = step()
