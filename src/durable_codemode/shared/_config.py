@@ -178,7 +178,7 @@ class SnippetLimits:
     """The in-workflow budget of one workflow task: wall time since its activation began (its other jobs, such as a
     gather's results, then the program's stretches and the answers to its host calls). Past it, the stretch that
     crossed it is recorded, as for `max_turn_seconds`, and the program goes on after a round trip to the compute
-    activity; a task near it (`LIVE_TASK_SECONDS`) starts no stretch in workflow code. Wall time, not CPU time: a
+    activity; a task near it (`LIVE_TASK_SECONDS`) starts no later stretch in workflow code. Wall time, not CPU time: a
     loaded worker's task gets less done in it, never more time, so Temporal's 2 s deadlock limit is kept under
     load."""
 
