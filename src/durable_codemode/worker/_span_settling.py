@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from typing import Any
 
 import temporalio.bridge.proto.workflow_activation as activation_pb
 import temporalio.bridge.proto.workflow_completion as completion_pb
@@ -24,6 +22,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
+from ._runner_wrapping import ForwardingInstance, ForwardingRunner
 from ._span_exports import RunSpans, WorkerSpans, current_run, drain_exports
 
 __all__ = ["SETTLE_EVERY_SECONDS", "SETTLE_QUIET_SECONDS", "SpanRecordingRunner", "settle_spans"]
@@ -49,11 +48,11 @@ _CLOSED = frozenset({
 _ENDING = activation_pb.RemoveFromCache.EvictionReason.WORKFLOW_EXECUTION_ENDING
 
 
-class _RecordingInstance(WorkflowInstance):
+class _RecordingInstance(ForwardingInstance):
     """A workflow instance whose activations tell its `RunSpans` what core says about its tasks."""
 
     def __init__(self, inner: WorkflowInstance, spans: RunSpans) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._spans = spans
 
     def activate(self, act: activation_pb.WorkflowActivation) -> completion_pb.WorkflowActivationCompletion:
@@ -68,38 +67,20 @@ class _RecordingInstance(WorkflowInstance):
         finally:
             self._spans.activation_ended()
 
-    def get_serialization_context(self, command_info: Any) -> Any:
-        return self._inner.get_serialization_context(command_info)
 
-    def get_external_store_context(self, command_info: Any) -> Any:
-        return self._inner.get_external_store_context(command_info)
-
-    def get_info(self) -> Any:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()
-
-
-class SpanRecordingRunner(WorkflowRunner):
+class SpanRecordingRunner(ForwardingRunner):
     """The worker's workflow runner, each instance's activations reported to the worker's `WorkerSpans`.
 
     It changes nothing an activation does or returns: it only watches the activations go by.
     """
 
     def __init__(self, inner: WorkflowRunner, spans: WorkerSpans) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self.spans = spans
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self._inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         return _RecordingInstance(self._inner.create_instance(det),
                                   self.spans.instance(det.info.workflow_id, det.info.run_id))
-
-    def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]]) -> None:
-        self._inner.set_worker_level_failure_exception_types(types)
 
 
 async def recorded_by(client: Client, workflow_id: str, run_id: str, tasks: set[int], identity: str

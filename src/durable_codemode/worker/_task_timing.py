@@ -8,50 +8,25 @@ on the thread that runs it. It changes nothing an activation does or returns.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
 
 from temporalio.bridge.proto import workflow_activation as activation_pb
 from temporalio.bridge.proto import workflow_completion as completion_pb
-from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
+from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails
 
 from ..workflow._task_clock import activation_began
+from ._runner_wrapping import ForwardingInstance, ForwardingRunner
 
 __all__ = ["TaskTimingRunner"]
 
 
-class _TimedInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance) -> None:
-        self._inner = inner
-
+class _TimedInstance(ForwardingInstance):
     def activate(self, act: activation_pb.WorkflowActivation) -> completion_pb.WorkflowActivationCompletion:
         activation_began(time.monotonic())
         return self._inner.activate(act)
 
-    def get_serialization_context(self, command_info: Any) -> Any:
-        return self._inner.get_serialization_context(command_info)
 
-    def get_external_store_context(self, command_info: Any) -> Any:
-        return self._inner.get_external_store_context(command_info)
-
-    def get_info(self) -> Any:
-        return self._inner.get_info()
-
-    def get_thread_id(self) -> int | None:
-        return self._inner.get_thread_id()
-
-
-class TaskTimingRunner(WorkflowRunner):
+class TaskTimingRunner(ForwardingRunner):
     """Wraps a workflow runner; its instances record when each activation began, on the activation's thread."""
-
-    def __init__(self, inner: WorkflowRunner) -> None:
-        self._inner = inner
-
-    def prepare_workflow(self, defn: Any) -> None:
-        self._inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         return _TimedInstance(self._inner.create_instance(det))
-
-    def set_worker_level_failure_exception_types(self, types: Sequence[type[BaseException]]) -> None:
-        self._inner.set_worker_level_failure_exception_types(types)
