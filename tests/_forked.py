@@ -24,26 +24,35 @@ import contextlib
 import multiprocessing
 import os
 import runpy
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
-__all__ = ["run_codemode", "run_script"]
+__all__ = ["ForkedProcess", "run_codemode", "run_script", "start_module"]
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(["tests._forked_preload"])
 
 
 def _become(env: dict[str, str], cwd: str, out: str, err: str) -> None:
-    """In the forked child: take this environment, directory and these streams, as a fresh process would have."""
+    """In the forked child: take this environment, directory and these streams, as a fresh process would have.
+
+    `out` and `err` may be one file (a worker's log): both streams then share one descriptor, as `2>&1` does.
+    """
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.dup2(target, fd)
+    target = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(target, 1)
+    if err != out:
         os.close(target)
+        target = os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(target, 2)
+    os.close(target)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -73,6 +82,14 @@ def _script(path: str, argv: list[str], env: dict[str, str], cwd: str, out: str,
     runpy.run_path(path, run_name="__main__")
     # Returning exits 0 after flushing the streams, as an interpreter does at the end of a script; an exception
     # prints its traceback and exits 1; `sys.exit(n)` exits n (multiprocessing's process bootstrap does each).
+
+
+def _module(module: str, argv: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """The forked child of `start_module`: `python -m MODULE ARGV` in a session (and process group) of its own."""
+    os.setsid()  # as `start_new_session=True`: killing its group reaches every process it starts (its sandboxes)
+    _become(env, cwd, out, err)
+    sys.argv = [module, *argv]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 def _run(target: object, args: tuple[object, ...], what: str, *, env: Mapping[str, str],
@@ -114,3 +131,62 @@ def run_script(path: Path | str, args: Sequence[str], *, env: Mapping[str, str] 
     """Run `python PATH ARGS` in a child process and wait for it; its exit status, stdout and stderr."""
     return _run(_script, (str(path), list(args)), f"python {path} {' '.join(args)}",
                 env=os.environ if env is None else env, cwd=cwd, timeout=timeout)
+
+
+class ForkedProcess:
+    """A long-running child forked by `start_module`, with the part of `subprocess.Popen`'s API the tests use.
+
+    It is the fork server's child, not this process's: its exit status comes through multiprocessing's sentinel.
+    """
+
+    def __init__(self, process: BaseProcess) -> None:
+        self._process = process
+
+    @property
+    def pid(self) -> int:
+        pid = self._process.pid
+        assert pid is not None
+        return pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it ended (negative: the signal that ended it), else `None`."""
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        code = self._process.exitcode
+        if code is None:
+            raise subprocess.TimeoutExpired(f"forked {self._process.name}", timeout or 0.0)
+        return code
+
+
+def start_module(module: str, args: Sequence[str], *, log: Path, cwd: Path | str,
+                 env: Mapping[str, str] | None = None) -> ForkedProcess:
+    """Start `python -m MODULE ARGS` as a child in its own session, stdout and stderr to `log`; returns at once.
+
+    For the worker processes the crash tests kill and replace (`tests/_workers.py`): started afresh, each paid
+    ~3.3 s of CPU to import before it polled, ~90 s of the suite's CPU; forked, the import is the fork server's,
+    paid once. Stdin is empty: a worker waiting for a go-ahead waits for a file (`_ledger_worker --standby`).
+    """
+    process = _CONTEXT.Process(target=_module, args=(module, list(args), dict(os.environ if env is None else env),
+                                                     str(cwd), str(log), str(log)),
+                               name=f"{module} {' '.join(args)}"[:60], daemon=True)
+    Path(log).touch()  # there at once, as a `Popen`'s redirected stdout is: a test may read it before the child runs
+    process.start()
+    forked = ForkedProcess(process)
+    # Return once the child leads its own session, as `Popen(start_new_session=True)` does (it forks, `setsid`s and
+    # execs before returning): a `killpg` sent earlier would find no group, and the child would run on.
+    while forked.poll() is None and _group_of(forked.pid) != forked.pid:
+        time.sleep(0.001)
+    return forked
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

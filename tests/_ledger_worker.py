@@ -7,9 +7,9 @@ ran (`Ledger.duplicate_effects()` must be 0) and compare every account's balance
 
 The model is the scripted pydantic-ai `FunctionModel` of `durable_codemode.testing` (named `scripted-ledger`): its
 first turn writes a program from the run's prompt, a JSON `LedgerTask`, and its second answers with the program's
-result. Once its worker polls, the process prints `ready <pid>` on stdout; it runs until killed. With `--standby` it
-first imports, connects and builds its worker, prints `standby <pid>`, and starts polling only when a line
-arrives on stdin (a warm spare: the crash tests' restarts then cost no import time).
+result. Once its worker polls, the process prints `ready <pid>` on stdout; it runs until killed. With
+`--standby GO_FILE` it first connects and builds its worker, prints `standby <pid>`, and starts polling only once
+the file GO_FILE exists (a warm spare: the crash tests' restarts then cost no start-up time).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ READY = "ready"
 """The first word of the line the worker prints once it polls."""
 
 STANDBY = "standby"
-"""The first word of the line a `--standby` worker prints once it is built and waits for a line on stdin."""
+"""The first word of the line a `--standby` worker prints once it is built and waits for its go file."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--identity", default=None, help="the worker's identity (default: ledger-<pid>)")
     parser.add_argument("--sticky", type=float, default=3.0, help="sticky_queue_schedule_to_start_timeout, s")
     parser.add_argument("--max-processes", type=int, default=24, help="Monty pool size")
-    parser.add_argument("--standby", action="store_true", help="poll only once a line arrives on stdin")
+    parser.add_argument("--standby", default=None, metavar="GO_FILE", help="poll only once the file GO_FILE exists")
     parser.add_argument("--workflow-tasks", type=int, default=None, help="max_concurrent_workflow_tasks")
     parser.add_argument("--tool-timeout", type=float, default=5.0, help="start-to-close timeout per tool attempt")
     parser.add_argument("--spans", default=None, metavar="DIR",
@@ -382,7 +382,8 @@ async def serve(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     if args.standby:
         print(f"{STANDBY} {os.getpid()}", flush=True)
-        await loop.run_in_executor(None, sys.stdin.readline)
+        while not os.path.exists(args.standby):
+            await asyncio.sleep(0.02)
     async with worker:
         print(f"{READY} {os.getpid()}", flush=True)
         await stop.wait()

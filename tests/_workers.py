@@ -3,6 +3,8 @@
 `WorkerFleet` starts `python -m tests._ledger_worker` processes, each in its own session (so its process group
 holds the worker and every `monty` sandbox process it spawns), waits until each one polls its task queue, and
 kills every group it started when the block ends, also when the test fails: no worker or sandbox process is left.
+Each is forked from the test process's fork server (`tests/_forked.start_module`), which imported the package
+once: a real process of its own, without the ~3 s of CPU an interpreter's start and import cost each.
 """
 
 from __future__ import annotations
@@ -10,19 +12,19 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from temporalio.api.enums.v1 import EventType, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
+from ._forked import start_module
 from ._ledger_worker import READY, STANDBY, Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,11 +48,25 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+class ChildProcess(Protocol):
+    """What a test asks of a worker process: `subprocess.Popen`'s part that a forked one has (`tests/_forked`)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class WorkerProcess:
     """One worker process and the log its stdout and stderr go to."""
 
-    proc: subprocess.Popen[bytes]
+    proc: ChildProcess
     identity: str
     log: Path
     killed_at: float | None = None
@@ -84,8 +100,6 @@ class WorkerProcess:
         with suppress(ProcessLookupError):  # already gone
             os.killpg(self.pid, signal.SIGKILL)
         self.proc.wait()
-        if self.proc.stdin is not None:
-            self.proc.stdin.close()
         # The signal reaches every member at once, but each dies in its own time: wait until none is left.
         deadline = time.monotonic() + 10
         while group_members(self.pid) and time.monotonic() < deadline:
@@ -141,17 +155,13 @@ class WorkerFleet:
         """Start a worker process in standby: imported, connected and built, but not polling yet."""
         identity = f"ledger-worker-{len(self.started)}"
         log = self.logs / f"{identity}.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests._ledger_worker", "--address", self.address,
-                 "--task-queue", self.task_queue, "--ledger", str(self.ledger), "--identity", identity,
-                 "--sticky", str(self.sticky), "--max-processes", str(self.max_processes),
-                 "--tool-timeout", str(self.tool_timeout), "--standby",
-                 *(["--workflow-tasks", str(self.workflow_tasks)] if self.workflow_tasks else []),
-                 *self.extra_args],
-                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
-                start_new_session=True,  # its own process group: killpg reaches its sandbox processes too
-            )
+        proc = start_module(  # in a session of its own: killpg reaches its sandbox processes too
+            "tests._ledger_worker",
+            ["--address", self.address, "--task-queue", self.task_queue, "--ledger", str(self.ledger),
+             "--identity", identity, "--sticky", str(self.sticky), "--max-processes", str(self.max_processes),
+             "--tool-timeout", str(self.tool_timeout), "--standby", str(self._go_file(identity)),
+             *(["--workflow-tasks", str(self.workflow_tasks)] if self.workflow_tasks else []), *self.extra_args],
+            log=log, cwd=ROOT)
         worker = WorkerProcess(proc, identity, log)
         self.started.append(worker)
         await self._wait_for_line(worker, STANDBY, time.monotonic() + ready_timeout)
@@ -165,9 +175,7 @@ class WorkerFleet:
         worker = await (self._spare if self._spare is not None else self.prepare(ready_timeout=ready_timeout))
         self._spare = None
         deadline = time.monotonic() + ready_timeout
-        assert worker.proc.stdin is not None
-        worker.proc.stdin.write(b"go\n")
-        worker.proc.stdin.flush()
+        self._go_file(worker.identity).touch()
         await self._wait_for_line(worker, READY, deadline)
         while worker.identity not in await self.pollers():
             if not worker.alive():
@@ -179,6 +187,10 @@ class WorkerFleet:
         if spare:
             self._spare = asyncio.create_task(self.prepare(ready_timeout=ready_timeout))
         return worker
+
+    def _go_file(self, identity: str) -> Path:
+        """The file whose appearance tells the standby worker `identity` to poll."""
+        return self.logs / f"{identity}.go"
 
     @staticmethod
     async def _wait_for_line(worker: WorkerProcess, word: str, deadline: float) -> None:
@@ -219,14 +231,11 @@ async def start_worker_process(module: str, args: list[str], *, identity: str, l
                                ready: str = READY, timeout: float = 60.0) -> WorkerProcess:
     """Start `python -m module args...` in its own process group; return once it prints a line starting `ready`.
 
-    For worker modules other than the ledger worker (`tests._deploy_agents`); the caller kills what it started
-    (`WorkerProcess.kill`), also when the test fails.
+    Forked (`tests/_forked.start_module`). For worker modules other than the ledger worker (`tests._deploy_agents`);
+    the caller kills what it started (`WorkerProcess.kill`), also when the test fails.
     """
     log = logs / f"{identity}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    worker = WorkerProcess(proc, identity, log, live=True)
+    worker = WorkerProcess(start_module(module, args, log=log, cwd=ROOT), identity, log, live=True)
     await WorkerFleet._wait_for_line(worker, ready, time.monotonic() + timeout)
     return worker
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -30,6 +28,7 @@ from durable_codemode.worker._describe import describe_run
 
 from . import _batch_worker
 from ._agents import Effects, items_agent
+from ._forked import start_module
 from ._workers import ROOT, WorkerProcess
 
 BATCHED = {"get": ToolOptions(batch=True), "flaky": ToolOptions(batch=True)}
@@ -164,11 +163,8 @@ def test_batch_refuses_what_it_cannot_honour() -> None:
 
 def _start_worker(client: Client, task_queue: str, folder: Path, n: int) -> WorkerProcess:
     log = folder / f"worker-{n}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests._batch_worker", "--address", client.service_client.config.target_host,
-             "--task-queue", task_queue, "--dir", str(folder)],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = start_module("tests._batch_worker", ["--address", client.service_client.config.target_host,
+                                                "--task-queue", task_queue, "--dir", str(folder)], log=log, cwd=ROOT)
     return WorkerProcess(proc, f"batch-{n}", log)
 
 
