@@ -36,6 +36,7 @@ import ast
 import asyncio
 import builtins
 import contextlib
+import gc
 import importlib
 import inspect
 import io
@@ -46,7 +47,9 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 import tomllib
+import traceback
 import types
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -780,13 +783,44 @@ async def run_python(block: Block, ns: dict[str, Any], given: Given, background:
     if is_coroutine:
         await eval(code, ns)
     else:
-        await asyncio.to_thread(exec, code, ns)
+        await _in_thread(block, code, ns)
     for name in sorted(set(ns) - before):
         if name.startswith("test_") and callable(ns[name]):
             params = [await given.value(p) for p in inspect.signature(ns[name]).parameters]
             outcome = ns[name](*params)
             if asyncio.iscoroutine(outcome):
                 await outcome
+
+
+BLOCK_SECONDS = 90
+"""How long a block that runs its own event loop (`run_script(main())`) may take: under the test's own 120 s."""
+
+
+async def _in_thread(block: Block, code: types.CodeType, ns: dict[str, Any]) -> None:
+    """Run a block that starts its own event loop in a thread; one that outlives `BLOCK_SECONDS` fails naming where.
+
+    A thread cannot be stopped, so what the failure can do is say where the block waits: its thread's stack.
+    """
+    ran: list[int] = []
+
+    def run() -> None:
+        ran.append(threading.get_ident())
+        exec(code, ns)
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    done, _ = await asyncio.wait({task}, timeout=BLOCK_SECONDS)
+    if task in done:
+        return task.result()
+    frame = sys._current_frames().get(ran[0]) if ran else None
+    where = "".join(traceback.format_stack(frame)) if frame is not None else "(it had not started)"
+    ours = asyncio.get_running_loop()
+    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
+        if loop is not ours and loop.is_running():  # the block's loop: where each of its tasks waits
+            for pending in list(asyncio.all_tasks(loop)):
+                stack = io.StringIO()
+                pending.print_stack(file=stack)
+                where += "\n" + stack.getvalue()
+    raise AssertionError(f"{block.where} still ran after {BLOCK_SECONDS} s; its thread waits at:\n{where}")
 
 
 async def run_commands(block: Block, given: Given, capsys: pytest.CaptureFixture[str]) -> None:
