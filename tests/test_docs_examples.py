@@ -799,24 +799,36 @@ BLOCK_SECONDS = 90
 async def _in_thread(block: Block, code: types.CodeType, ns: dict[str, Any]) -> None:
     """Run a block that starts its own event loop in a thread; one that outlives `BLOCK_SECONDS` fails naming where.
 
-    A thread cannot be stopped, so what the failure can do is say where the block waits: its thread's stack.
+    A thread cannot be stopped, so what the failure can do is say where the block waits: its thread's stack and its
+    event loop's tasks. The thread is a daemon of its own (not the loop's executor, which the session's end joins):
+    a block that never ends fails its test, and the session still ends and reports it.
     """
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
     ran: list[int] = []
+
+    def settle(error: BaseException | None) -> None:
+        if not finished.done():
+            finished.set_exception(error) if error is not None else finished.set_result(None)
 
     def run() -> None:
         ran.append(threading.get_ident())
-        exec(code, ns)
+        try:
+            exec(code, ns)
+        except BaseException as e:  # handed to the test, as to_thread would
+            loop.call_soon_threadsafe(settle, e)
+        else:
+            loop.call_soon_threadsafe(settle, None)
 
-    task = asyncio.ensure_future(asyncio.to_thread(run))
-    done, _ = await asyncio.wait({task}, timeout=BLOCK_SECONDS)
-    if task in done:
-        return task.result()
+    threading.Thread(target=run, name=f"block {block.where}", daemon=True).start()
+    done, _ = await asyncio.wait({finished}, timeout=BLOCK_SECONDS)
+    if finished in done:
+        return finished.result()
     frame = sys._current_frames().get(ran[0]) if ran else None
     where = "".join(traceback.format_stack(frame)) if frame is not None else "(it had not started)"
-    ours = asyncio.get_running_loop()
-    for loop in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
-        if loop is not ours and loop.is_running():  # the block's loop: where each of its tasks waits
-            for pending in list(asyncio.all_tasks(loop)):
+    for other in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
+        if other is not loop and other.is_running():  # the block's loop: where each of its tasks waits
+            for pending in list(asyncio.all_tasks(other)):
                 stack = io.StringIO()
                 pending.print_stack(file=stack)
                 where += "\n" + stack.getvalue()

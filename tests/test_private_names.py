@@ -15,7 +15,11 @@ from pathlib import Path
 import pydantic_ai
 import pytest
 
-pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydantic-ai (docs/development.md)
+pytestmark = [
+    pytest.mark.pydantic_ai_release,  # runs again on the oldest pydantic-ai (docs/development.md)
+    # One process for both tests: they share the scan of pydantic-ai's source (~8 s of CPU), cached per process.
+    pytest.mark.xdist_group("private_names"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 SEAM = ROOT / "src" / "durable_codemode" / "_pydantic_ai.py"
