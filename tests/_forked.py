@@ -165,7 +165,7 @@ class ForkedProcess:
 
 
 def start_module(module: str, args: Sequence[str], *, log: Path, cwd: Path | str,
-                 env: Mapping[str, str] | None = None) -> ForkedProcess:
+                 env: Mapping[str, str] | None = None) -> ForkedProcess | subprocess.Popen[bytes]:
     """Start `python -m MODULE ARGS` as a child in its own session, stdout and stderr to `log`; returns at once.
 
     For the worker processes the crash tests kill and replace (`tests/_workers.py`): started afresh, each paid
@@ -176,6 +176,13 @@ def start_module(module: str, args: Sequence[str], *, log: Path, cwd: Path | str
                                                      str(cwd), str(log), str(log)),
                                name=f"{module} {' '.join(args)}"[:60], daemon=True)
     Path(log).touch()  # there at once, as a `Popen`'s redirected stdout is: a test may read it before the child runs
+    if multiprocessing.current_process().daemon:
+        # This process is itself forked (a bench script run by `run_script`), and multiprocessing lets a daemonic
+        # process have no children of its own: start the worker afresh, as `python -m` would.
+        with open(log, "wb") as out:
+            return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=dict(os.environ if env is None else env))
     process.start()
     forked = ForkedProcess(process)
     # Return once the child leads its own session, as `Popen(start_new_session=True)` does (it forks, `setsid`s and
