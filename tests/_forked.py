@@ -172,9 +172,7 @@ def start_module(module: str, args: Sequence[str], *, log: Path, cwd: Path | str
     ~3.3 s of CPU to import before it polled, ~90 s of the suite's CPU; forked, the import is the fork server's,
     paid once. Stdin is empty: a worker waiting for a go-ahead waits for a file (`_ledger_worker --standby`).
     """
-    process = _CONTEXT.Process(target=_module, args=(module, list(args), dict(os.environ if env is None else env),
-                                                     str(cwd), str(log), str(log)),
-                               name=f"{module} {' '.join(args)}"[:60], daemon=True)
+    environment = dict(os.environ if env is None else env)
     Path(log).touch()  # there at once, as a `Popen`'s redirected stdout is: a test may read it before the child runs
     if multiprocessing.current_process().daemon:
         # This process is itself forked (a bench script run by `run_script`), and multiprocessing lets a daemonic
@@ -182,7 +180,9 @@ def start_module(module: str, args: Sequence[str], *, log: Path, cwd: Path | str
         with open(log, "wb") as out:
             return subprocess.Popen([sys.executable, "-m", module, *args], cwd=cwd, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env=dict(os.environ if env is None else env))
+                                    env=environment)
+    process = _CONTEXT.Process(target=_module, args=(module, list(args), environment, str(cwd), str(log), str(log)),
+                               name=f"{module} {' '.join(args)}"[:60], daemon=True)
     process.start()
     forked = ForkedProcess(process)
     # Return once the child leads its own session, as `Popen(start_new_session=True)` does (it forks, `setsid`s and

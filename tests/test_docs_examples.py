@@ -35,6 +35,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import builtins
+import concurrent.futures
 import contextlib
 import gc
 import importlib
@@ -803,29 +804,23 @@ async def _in_thread(block: Block, code: types.CodeType, ns: dict[str, Any]) -> 
     event loop's tasks. The thread is a daemon of its own (not the loop's executor, which the session's end joins):
     a block that never ends fails its test, and the session still ends and reports it.
     """
-    loop = asyncio.get_running_loop()
-    finished: asyncio.Future[None] = loop.create_future()
-    ran: list[int] = []
-
-    def settle(error: BaseException | None) -> None:
-        if not finished.done():
-            finished.set_exception(error) if error is not None else finished.set_result(None)
+    outcome: concurrent.futures.Future[None] = concurrent.futures.Future()
 
     def run() -> None:
-        ran.append(threading.get_ident())
         try:
             exec(code, ns)
         except BaseException as e:  # handed to the test, as to_thread would
-            loop.call_soon_threadsafe(settle, e)
+            outcome.set_exception(e)
         else:
-            loop.call_soon_threadsafe(settle, None)
+            outcome.set_result(None)
 
-    threading.Thread(target=run, name=f"block {block.where}", daemon=True).start()
-    done, _ = await asyncio.wait({finished}, timeout=BLOCK_SECONDS)
-    if finished in done:
-        return finished.result()
-    frame = sys._current_frames().get(ran[0]) if ran else None
-    where = "".join(traceback.format_stack(frame)) if frame is not None else "(it had not started)"
+    thread = threading.Thread(target=run, name=f"block {block.where}", daemon=True)
+    thread.start()
+    with contextlib.suppress(TimeoutError):
+        return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(outcome)), BLOCK_SECONDS)
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    where = "".join(traceback.format_stack(frame)) if frame is not None else "(its thread has ended)"
+    loop = asyncio.get_running_loop()
     for other in [o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop)]:
         if other is not loop and other.is_running():  # the block's loop: where each of its tasks waits
             for pending in list(asyncio.all_tasks(other)):
