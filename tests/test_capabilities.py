@@ -35,7 +35,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.usage import UsageLimits
-from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, WorkflowHistory
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, RunFailedError, RunResult, run_result, start_run
 from durable_codemode.debugging import trace_run
@@ -113,6 +113,19 @@ except Exception as e:
     blocked = str(e)
 [units, blocked]"""
 
+
+
+def _model_inputs(client: Client, history: WorkflowHistory) -> list[ModelRequestInput]:
+    """The inputs of the run's model requests, in order."""
+    return [client.data_converter.payload_converter.from_payload(
+                e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput)
+            for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
+
+
+def _sent(input: ModelRequestInput) -> int:
+    """How many messages a model request sent the model: those its input carries, and those it refers to."""
+    return len(input.messages) + (input.earlier.count if input.earlier else 0)
 
 async def test_tool_hooks_fire_for_sandbox_and_native_calls_with_the_calls_context(client: Client) -> None:
     log: list[tuple[str, ...]] = []
@@ -207,12 +220,8 @@ async def test_process_history_shapes_what_the_model_sees_and_the_run_keeps_it(c
     assert sizes == [1, 3, 3, 3]
     assert result.output == "counted to 3 seeing 1"
     # The run adopted the processed history, as pydantic-ai's does: each request carries it, not the whole run.
-    history = await handle.fetch_history()
-    sent = [client.data_converter.payload_converter.from_payload(
-                e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput).messages
-            for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
-    assert [len(m) for m in sent] == [1, 3, 5, 5]  # not adopted: [1, 3, 5, 7]
+    sent = _model_inputs(client, await handle.fetch_history())
+    assert [_sent(i) for i in sent] == [1, 3, 5, 5]  # not adopted: [1, 3, 5, 7]
 
 
 async def test_a_before_run_guardrail_blocks_the_run_before_any_model_request_or_tool(client: Client) -> None:
@@ -872,11 +881,8 @@ async def test_compact_history_runs_in_the_model_step_and_the_run_keeps_the_comp
     # agent.run()): the model saw the summary in place of the two exchanges before it.
     assert seen[2][0] == "CompactionPart" and "UserPromptPart" not in seen[2] and "UserPromptPart" in seen[1]
     # And the run adopted the compacted history: the fourth request carries it, not the whole run.
-    history = await handle.fetch_history()
-    sent = [client.data_converter.payload_converter.from_payload(
-                e.activity_task_scheduled_event_attributes.input.payloads[0], ModelRequestInput).messages
-            for e in history.events if e.HasField("activity_task_scheduled_event_attributes")
-            and e.activity_task_scheduled_event_attributes.activity_type.name == "durable-codemode.model_request"]
-    assert [len(m) for m in sent[:3]] == [1, 3, 5] and len(sent[3]) < 7
-    assert any(type(p).__name__ == "CompactionPart" for p in sent[3][0].parts)
+    sent = _model_inputs(client, await handle.fetch_history())
+    assert [_sent(i) for i in sent[:3]] == [1, 3, 5] and _sent(sent[3]) < 7
+    assert sent[3].earlier is None  # a history the run adopted is sent whole, once
+    assert any(type(p).__name__ == "CompactionPart" for p in sent[3].messages[0].parts)
 

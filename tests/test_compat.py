@@ -56,6 +56,9 @@ def test_persisted_names_are_pinned() -> None:
         "pending_approvals", "rejected_decisions")
     assert _decisions.decision_update_id("call_1.7", "ana") == "call_1.7 by ana"
     assert _decisions.decision_update_id("call_1.7", None) == "call_1.7"
+    # A worker asks a run for the messages and tools a model request refers to (behaviour version 4) by these.
+    assert (_names.CONVERSATION_QUERY, _names.MODEL_TOOLS_QUERY) == ("durable-codemode.conversation",
+                                                                     "durable-codemode.model_tools")
 
 
 def test_persisted_payload_shapes_are_pinned() -> None:
@@ -78,7 +81,7 @@ def test_persisted_payload_shapes_are_pinned() -> None:
     # Every run records the behaviour version it was started with; 0.1.0's recorded none (version 0).
     from durable_codemode.shared._types import BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION, RELEASES_BY_BEHAVIOR_VERSION
 
-    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (3, 1)
+    assert (BEHAVIOR_VERSION, OLDEST_BEHAVIOR_VERSION) == (4, 1)
     assert RELEASES_BY_BEHAVIOR_VERSION == {0: "durable-codemode 0.1.0"}
     # From behaviour version 2, a call an approval rule gates records this marker; a replay reads it.
     from durable_codemode.shared._types import RECORDED_RULE_VERDICTS

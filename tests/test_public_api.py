@@ -35,7 +35,8 @@ PUBLIC: dict[str, set[str]] = {
         "start_run", "stream_events", "typed_result", "wait_for_approvals",
     },
     "durable_codemode.testing": {
-        "CallTool", "FinalOutput", "RunCode", "Step", "child_processes", "fetch_chain_histories", "last_result",
+        "CallTool", "FinalOutput", "RunCode", "Step", "child_processes", "conversation_cache", "fetch_chain_histories",
+        "last_result",
         "new_task_queue", "replay", "running_worker", "scripted_model", "start_dev_server", "tool_call_context",
         "user_prompt",
     },

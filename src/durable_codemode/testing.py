@@ -41,8 +41,10 @@ from temporalio.worker import Replayer, Worker, WorkflowReplayResult
 from .client._devserver import start_dev_server
 from .history._capture import REPLAY_BUILD_ID
 from .shared._names import RUN_CODE_TOOL
+from .worker._activities import CodeModeActivities
 from .worker._agent import CodeModeAgent
 from .worker._context import ToolCallContext, bind_call
+from .worker._conversations import ConversationCache
 from .worker._worker import create_worker, workflow_runner
 from .workflow._run import CodeModeRunWorkflow
 
@@ -52,6 +54,7 @@ __all__ = [
     "RunCode",
     "Step",
     "child_processes",
+    "conversation_cache",
     "fetch_chain_histories",
     "last_result",
     "new_task_queue",
@@ -208,6 +211,20 @@ async def running_worker(
     worker = create_worker(client, agents, task_queue=task_queue or new_task_queue(), **options)
     async with worker:
         yield worker
+
+
+def conversation_cache(worker: Worker) -> ConversationCache:
+    """The cache of recent runs' conversations of a worker `create_worker` made: what it holds, how often it asked.
+
+    Raises:
+        ValueError: `worker` serves no code-mode activities.
+
+    """
+    for function in worker.config().get("activities", ()):
+        owner = getattr(function, "__self__", None)
+        if isinstance(owner, CodeModeActivities):
+            return owner.conversations
+    raise ValueError("this worker serves no code-mode activities: give a worker made by create_worker()")
 
 
 async def fetch_chain_histories(handle: WorkflowHandle[Any, Any]) -> list[Any]:

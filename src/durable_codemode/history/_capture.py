@@ -94,6 +94,8 @@ class ReplayedCommand:
     activity_id: str | None = None
     """The id the workflow gave (tool calls); `None` when Temporal numbers it (`str(seq)`)."""
     input: Any = None
+    summary: str | None = None
+    """The activity's summary, as the workflow gave it (a model request's names its turn: `model turn 3`)."""
 
     @property
     def effective_id(self) -> str | None:
@@ -177,7 +179,7 @@ class _Outbound(WorkflowOutboundInterceptor):
     def start_activity(self, input: StartActivityInput) -> workflow.ActivityHandle[Any]:
         self._capture.commands.append(ReplayedCommand(
             kind="activity", seq=self._capture.next_seq(), activity_type=input.activity,
-            activity_id=input.activity_id, input=input.args[0] if input.args else None))
+            activity_id=input.activity_id, input=input.args[0] if input.args else None, summary=input.summary))
         return super().start_activity(input)
 
     def start_local_activity(self, input: StartLocalActivityInput) -> workflow.ActivityHandle[Any]:

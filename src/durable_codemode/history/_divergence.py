@@ -139,7 +139,13 @@ def _replayed_side(command: ReplayedCommand, capture: ReplayCapture) -> CallSide
         turns = sum(1 for c in capture.commands[: capture.commands.index(command)]
                     if c.activity_type == MODEL_REQUEST_ACTIVITY)
         messages = getattr(command.input, "messages", None)
-        index = sum(1 for m in messages if getattr(m, "kind", "") == "response") if messages else turns
+        summary = command.summary or ""
+        if summary.startswith("model turn ") and summary.removeprefix("model turn ").isdigit():
+            index = int(summary.removeprefix("model turn "))
+        elif messages and getattr(command.input, "earlier", None) is None:  # recorded before summaries
+            index = sum(1 for m in messages if getattr(m, "kind", "") == "response")
+        else:
+            index = turns
         return CallSide(what=f"model request (turn {index})", activity_type=command.activity_type,
                         activity_id=command.effective_id)
     # The call id and tool are the activity's id and type (`ToolCallInput`); its input holds the arguments.

@@ -19,6 +19,7 @@ from pydantic_ai.usage import RunUsage
 from temporalio.common import RetryPolicy
 
 from ._config import SnippetLimits
+from ._conversation import ConversationPrefix
 from ._types import OutputSpec
 
 __all__ = [
@@ -69,6 +70,13 @@ class ModelRequestInput:
     stream: ModelStreamTarget | None = None
     """Publish the model's stream to the run's event stream (`worker/_model_stream`); `None`: the run does not
     stream, and the request is made as before."""
+    tools_ref: str | None = None
+    """The digest of the run's tool definitions (`shared._conversation.tools_digest`), which an earlier request of
+    the run carried: `tools` is then empty. `None`: `tools` are the definitions (every request of runs of behaviour
+    versions before 4, and a run's first)."""
+    earlier: ConversationPrefix | None = None
+    """The messages before `messages`, by reference (`shared._conversation`): `messages` holds only the new
+    ones. `None`: `messages` is the whole conversation (runs of behaviour versions before 4 send it whole)."""
 
 
 @dataclass(kw_only=True)
@@ -113,6 +121,8 @@ class OutputInput:
     so asking it again cannot help). `None` in inputs recorded before the field: checked as they were."""
     output_summary: str | None = None
     """The recorded output in words (`OutputShape.summary`), for that refusal."""
+    earlier: ConversationPrefix | None = None
+    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
 
 
 @dataclass
@@ -125,6 +135,8 @@ class AfterRunInput:
     output: Any
     usage: RunUsage
     deps: Any = None
+    earlier: ConversationPrefix | None = None
+    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
 
 
 @dataclass(kw_only=True)
@@ -139,6 +151,8 @@ class RunErrorInput:
     """The failure's type, as the run would fail with it (`UsageLimitExceeded`, `UnexpectedModelBehavior`, ...)."""
     error_message: str
     deps: Any = None
+    earlier: ConversationPrefix | None = None
+    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
 
 
 @dataclass(kw_only=True)

@@ -21,8 +21,10 @@ __all__ = [
     "CHILD_RUNS_QUERY",
     "CHILD_RUN_METADATA",
     "COMPUTE_ACTIVITY",
+    "CONVERSATION_QUERY",
     "DESCRIBE_AGENT_ACTIVITY",
     "MODEL_REQUEST_ACTIVITY",
+    "MODEL_TOOLS_QUERY",
     "OUTPUT_ACTIVITY",
     "OUTPUT_CHECK_SUMMARY",
     "RUN_CODE_TOOL",
@@ -65,6 +67,14 @@ as recorded runs did, so their histories replay."""
 CHILD_RUNS_QUERY = "durable-codemode.child_runs"
 """The query a run answers with its child runs in flight (`ChildRun`): where a client reads the calls its children
 wait on, from each child itself (a query, so never in a history; pinned as the client and worker must agree)."""
+
+CONVERSATION_QUERY = "durable-codemode.conversation"
+"""Messages of a run's conversation, answered from workflow memory: what a worker that does not hold the messages
+an activity input refers to asks for (`shared._conversation`)."""
+
+MODEL_TOOLS_QUERY = "durable-codemode.model_tools"
+"""The tool definitions a run offers its model, as JSON: what a worker asks for when a model request refers to
+them (`ModelRequestInput.tools_ref`) and it does not hold them."""
 
 STREAM_INFO_QUERY = "durable-codemode.stream_info"
 """Whether a run streams its events, and the offsets its stream keeps (`StreamInfo`); the events themselves are

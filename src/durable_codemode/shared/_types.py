@@ -30,6 +30,7 @@ from ._run_events import EventStreamSettings
 __all__ = [
     "BEHAVIOR_VERSION",
     "COMPUTE_IS_NO_WAIT",
+    "CONVERSATION_SENT_ONCE",
     "MAX_DEPS_BYTES",
     "OLDEST_BEHAVIOR_VERSION",
     "RECORDED_RULE_VERDICTS",
@@ -214,7 +215,7 @@ class ToolCatalog:
         return "\n\n".join([*(self.types[i] for i in entry.types), entry.function]) + "\n"
 
 
-BEHAVIOR_VERSION = 3
+BEHAVIOR_VERSION = 4
 """How the runs this release starts behave where releases differ; recorded by each (`AgentSpec.behavior_version`).
 
 Raise it when a change would make a recorded run replay differently (another command, another order, another
@@ -231,7 +232,11 @@ supported; drop a version by raising `OLDEST_BEHAVIOR_VERSION` and naming its la
   does not move over it and its count of host calls without a wait goes on (version 2 moved the clock to the
   activity's end and started the count again, so a busy-wait on the clock ended, and a loop retrying a refused
   call was never stopped, only where a loaded machine sent its compute to the activity;
-  `tests/histories/compute_escalations_v2.json`, `behavior_version_3.json`)."""
+  `tests/histories/compute_escalations_v2.json`, `behavior_version_3.json`).
+- 4: as 3, but each message of the conversation enters the history once: an activity that takes the conversation
+  (model request, output check, `after_run`, `on_run_error`) gets the messages new since the run's previous one and
+  a reference to those before (`shared._conversation`); version 3 sent the whole conversation each time, so its
+  history grew with the square of its turns (`behavior_version_4.json`)."""
 
 OLDEST_BEHAVIOR_VERSION = 1
 """The oldest behaviour version this release replays; older runs are refused by name (`workflow._run`)."""
@@ -244,6 +249,10 @@ RECORDED_RULE_VERDICTS = 2
 
 RECORDED_END_STATUS = 2
 """The behaviour version from which the run's code writes how it ended the run into its status."""
+
+CONVERSATION_SENT_ONCE = 4
+"""The behaviour version from which an activity input carries only the messages new since the run's previous
+one, and refers to the rest (`workflow._conversation`, `worker._conversations`)."""
 
 COMPUTE_IS_NO_WAIT = 3
 """The behaviour version from which compute in the compute activity neither moves a program's clock nor starts its

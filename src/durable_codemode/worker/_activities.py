@@ -67,6 +67,7 @@ from ._batch import run_batch
 from ._child_runs import child_deps
 from ._compute import compute_stretch
 from ._context import ToolCallContext, bind_call
+from ._conversations import ConversationCache
 from ._describe import describe_run
 from ._failures import TRANSIENT, function_model_failure, message_of, tool_failure
 from ._heartbeat import heartbeating
@@ -105,6 +106,12 @@ def run_failure(error_type: str, message: str) -> BaseException:
     return rebuild(message) if rebuild is not None else RunFailedError(error_type, message)
 
 
+def _subject(what: str) -> str:
+    """`what` of the current activity's run, for an error about its conversation."""
+    run = activity.info().workflow_id if activity.in_activity() else None
+    return f"{what} of run {run!r}" if run else what
+
+
 class CodeModeActivities:
     """The activity implementations for a set of agents, looked up by name."""
 
@@ -115,6 +122,8 @@ class CodeModeActivities:
         self._payload_store = payload_store
         """Whether this worker's data converter offloads large payloads; without one, tool arguments and results
         are bounded by default (`SnippetLimits.max_tool_args_bytes` / `max_tool_result_bytes`)."""
+        self.conversations = ConversationCache()
+        """Recent runs' conversations (`_conversations`): an input refers to the messages its worker already holds."""
         self._agents: dict[str, CodeModeAgent] = {}
         for agent in agents:
             if agent.name in self._agents:
@@ -198,9 +207,12 @@ class CodeModeActivities:
         errors are retried unless they are client errors that would fail the same way again.
         """
         agent = self.agent(input.agent)
+        subject = _subject("the model request")
+        conversation = await self.conversations.resolve(input.messages, input.earlier, subject=subject)
+        tools = await self.conversations.tools(input.tools, input.tools_ref, subject=subject)
         try:
-            step = await heartbeating(request_model(agent, 
-                input.model, input.messages, input.tools, deps=input.deps, model_settings=input.model_settings,
+            step = await heartbeating(request_model(agent,
+                input.model, conversation.messages, tools, deps=input.deps, model_settings=input.model_settings,
                 output=input.output, native_tools=input.native_tools, hooked=input.hooks, usage=input.usage,
                 run_step=input.run_step, output_retries=input.output_retries, stream=input.stream))
         except (CodeModeUserError, UserError, UnexpectedModelBehavior) as e:
@@ -218,6 +230,8 @@ class CodeModeActivities:
             if bug is not None:
                 raise bug from e
             raise
+        if step.response is not None and (not input.hooks or step.messages is None):
+            self.conversations.answered(conversation, step.response)  # as the run's `SentConversation` does
         if input.hooks:
             return step
         # Without hooks nothing asks for a retry; a history pydantic-ai cleaned for sending (consecutive requests
@@ -237,9 +251,11 @@ class CodeModeActivities:
         (the run fails with pydantic-ai's message); a validator's own transient failure is retried.
         """
         agent = self.agent(input.agent)
+        conversation = await self.conversations.resolve(input.messages, input.earlier,
+                                                        subject=_subject("the output check"))
         try:
             return await heartbeating(check_output(
-                agent, input.messages, input.response, retries=input.retries, deps=input.deps,
+                agent, conversation.messages, input.response, retries=input.retries, deps=input.deps,
                 model_settings=input.model_settings,
                 recorded=(input.output_fingerprint, input.output_summary or "?") if input.output_fingerprint else None))
         except TRANSIENT as e:
@@ -259,8 +275,10 @@ class CodeModeActivities:
         run with the hook's message (as it would fail `agent.run()`).
         """
         agent = self.agent(input.agent)
+        conversation = await self.conversations.resolve(input.messages, input.earlier,
+                                                        subject=_subject("the after_run hooks"))
         try:
-            return await heartbeating(after_run(agent, input.model, input.messages, input.output, input.usage,
+            return await heartbeating(after_run(agent, input.model, conversation.messages, input.output, input.usage,
                                                       deps=input.deps))
         except TRANSIENT as e:
             raise ApplicationError(message_of(e), type=type(e).__name__) from e
@@ -281,9 +299,11 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         error = run_failure(input.error_type, input.error_message)
+        conversation = await self.conversations.resolve(input.messages, input.earlier,
+                                                        subject=_subject("the on_run_error hooks"))
         try:
             return RunRecovery(recovered=True, output=await heartbeating(
-                on_run_error(agent, input.model, input.messages, input.usage, error, deps=input.deps)))
+                on_run_error(agent, input.model, conversation.messages, input.usage, error, deps=input.deps)))
         except BaseException as e:
             if e is error:
                 return RunRecovery(recovered=False)

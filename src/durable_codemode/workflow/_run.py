@@ -58,11 +58,19 @@ with workflow.unsafe.imports_passed_through():
     from ..shared._records import CallRecord, RunResult, SnippetRecord, TurnRecord, bound_turns
     from ..shared._results import clip, printable
     from ..shared._run_events import EventStreamSettings
-    from ..shared._types import RECORDED_END_STATUS, AgentSpec, Continuation, RunInput, behavior_version_refusal
+    from ..shared._types import (
+        CONVERSATION_SENT_ONCE,
+        RECORDED_END_STATUS,
+        AgentSpec,
+        Continuation,
+        RunInput,
+        behavior_version_refusal,
+    )
     from ._approval_handlers import ApprovalHandlers
     from ._approval_state import Approvals, DecisionRules
     from ._batch import ToolBatcher
     from ._child_runs import ChildRuns
+    from ._conversation import ConversationHandlers, SentConversation
     from ._event_stream import RunEventStream, StreamInfo
     from ._files import RunFilesystem
     from ._fingerprints import recorded_output
@@ -122,7 +130,7 @@ def _failure_of(error: ApplicationError | ActivityError) -> tuple[str, str]:
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class CodeModeRunWorkflow(ApprovalHandlers):
+class CodeModeRunWorkflow(ApprovalHandlers, ConversationHandlers):
     """One agent run: model turns, `run_code` snippets, nested tool calls; returns a `RunResult`.
 
     Workers of a Worker Deployment serve it as `PinnedCodeModeRunWorkflow`, the same workflow declared pinned.
@@ -147,6 +155,8 @@ class CodeModeRunWorkflow(ApprovalHandlers):
         self._started_by: str | None = None
         self._tools: RunTools | None = None
         """The run's tool calls (`_tool_calls`), made when the run knows its agent (`run`)."""
+        self._conversation = SentConversation(sends_once=False)
+        """What the run's workers hold of its conversation (`_conversation`), known when the run knows its spec."""
 
     def _check_usage(self, check: Callable[[UsageLimits], None]) -> None:
         """Apply one of pydantic-ai's `UsageLimits` checks; past a limit the run fails with its message, not retried."""
@@ -201,6 +211,7 @@ class CodeModeRunWorkflow(ApprovalHandlers):
             starter=input.started_by))
         self._approvals.on_decided = self._progress.approval_decided
         messages: list[ModelMessage] = list(input.message_history)
+        self._conversation = SentConversation(messages, sends_once=spec.behavior_version >= CONVERSATION_SENT_ONCE)
         now = workflow.now()
         # As pydantic-ai does for a run given a history: its dynamic system prompts get the values of this run.
         appended = revalued(spec, messages, now) if messages and input.continuation is None else []
@@ -261,10 +272,11 @@ class CodeModeRunWorkflow(ApprovalHandlers):
             if not cont.spec.run_error_hooks or (isinstance(e, ActivityError) and isinstance(e.cause, CancelledError)):
                 raise
             error_type, message = _failure_of(e)
+            earlier, sent = self._conversation.refer(messages)
             recovery: RunRecovery = await _run_deciding_activity(
                 RUN_ERROR_ACTIVITY,
-                RunErrorInput(agent=cont.spec.agent, model=input.model, messages=messages, usage=cont.usage,
-                              error_type=error_type, error_message=message, deps=input.deps),
+                RunErrorInput(agent=cont.spec.agent, model=input.model, messages=sent, earlier=earlier,
+                              usage=cont.usage, error_type=error_type, error_message=message, deps=input.deps),
                 result_type=RunRecovery,
                 summary=printable(f"on_run_error hooks ({clip(error_type, 200)})"),
             )
@@ -294,9 +306,12 @@ class CodeModeRunWorkflow(ApprovalHandlers):
             if spec.code_mode:
                 repl.reserve_session()
             hooked = spec.model_request_hooks  # recorded: runs from before hooks applied keep their bare responses
+            earlier, sent = self._conversation.refer(messages)
+            tools_ref, tools = self._conversation.refer_tools(spec.model_tools)
             answer = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
-                ModelRequestInput(agent=spec.agent, model=input.model, messages=messages, tools=spec.model_tools,
+                ModelRequestInput(agent=spec.agent, model=input.model, messages=sent, earlier=earlier,
+                                  tools=tools, tools_ref=tools_ref,
                                   deps=input.deps, model_settings=input.model_settings, output=spec.output,
                                   hooks=hooked, usage=usage if hooked else None,
                                   run_step=usage.requests + 1 if hooked else 0,
@@ -312,6 +327,8 @@ class CodeModeRunWorkflow(ApprovalHandlers):
                 # The hooks' effect, as recorded: the history they rewrote (`ProcessHistory`), a retry they asked for.
                 if answer.messages is not None:
                     messages[:] = answer.messages
+                elif answer.response is not None:
+                    self._conversation.answered(messages, answer.response)
                 if answer.response is None or answer.retry is not None:
                     if answer.response is not None:
                         count_response(usage, answer.response)
@@ -322,6 +339,7 @@ class CodeModeRunWorkflow(ApprovalHandlers):
                 response = answer.response
             else:
                 response = answer
+                self._conversation.answered(messages, response)
             count_response(usage, response)
             self._check_usage(lambda u: u.check_tokens(usage))
             messages.append(response)
@@ -384,10 +402,11 @@ class CodeModeRunWorkflow(ApprovalHandlers):
                       cont: Continuation) -> RunResult[Any]:
         """End the run with `output`, through the capabilities' `after_run` hooks when it recorded that it has any."""
         if cont.spec.after_run_hooks:
+            earlier, sent = self._conversation.refer(messages)
             output = await _run_deciding_activity(
                 AFTER_RUN_ACTIVITY,
-                AfterRunInput(agent=cont.spec.agent, model=input.model, messages=messages, output=output,
-                              usage=cont.usage, deps=input.deps),
+                AfterRunInput(agent=cont.spec.agent, model=input.model, messages=sent, output=output,
+                              usage=cont.usage, deps=input.deps, earlier=earlier),
                 result_type=None,
                 summary="after_run hooks",
             )
@@ -425,9 +444,10 @@ class CodeModeRunWorkflow(ApprovalHandlers):
         assert self._spec is not None
         shape = recorded_output(self._spec.output)
         candidate = self._run_loop.output_candidate(response, functions)
+        earlier, sent = self._conversation.refer(before)
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
-            OutputInput(agent=self._spec.agent, model=input.model, messages=before, response=candidate,
+            OutputInput(agent=self._spec.agent, model=input.model, messages=sent, earlier=earlier, response=candidate,
                         retries=self._run_loop.output_retries, deps=input.deps, model_settings=input.model_settings,
                         output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
