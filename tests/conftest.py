@@ -7,6 +7,8 @@ a test must not rely on which other tests ran before it, or in which process.
 
 from __future__ import annotations
 
+import asyncio
+import io
 from collections.abc import AsyncIterator
 
 import pytest
@@ -35,6 +37,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the other processes' ordinary tests, is the load a test of ours must hold under (two CPU burners included).
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+LEFTOVER_TASK_SECONDS = 30
+"""How long the session's leftover tasks get to end once cancelled, before the session fails naming them."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+async def no_task_outlives_the_session() -> AsyncIterator[None]:
+    """Cancel the tasks the session's tests left running, and fail naming any that will not end.
+
+    pytest-asyncio cancels them too when it closes the session's loop, but waits for them without a bound: under
+    load, a task that swallowed its cancellation held a whole CI run open with no report, after its last test passed.
+    This fixture's teardown comes first (the last of the session's fixtures, before the loop closes), with a
+    bound, and says where each stuck task waits.
+    """
+    yield
+    me = asyncio.current_task()
+    left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    for task in left:
+        task.cancel()
+    if not left:
+        return
+    _, stuck = await asyncio.wait(left, timeout=LEFTOVER_TASK_SECONDS)
+    if stuck:
+        where = []
+        for task in stuck:
+            stack = io.StringIO()
+            task.print_stack(file=stack)
+            where.append(stack.getvalue())
+        raise AssertionError(f"{len(stuck)} task(s) the tests left running did not end {LEFTOVER_TASK_SECONDS} s after "
+                             f"being cancelled (each swallows its cancellation, or waits on something that never "
+                             f"ends):\n" + "\n".join(where))
 
 
 @pytest.fixture(scope="session")
