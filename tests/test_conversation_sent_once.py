@@ -197,3 +197,16 @@ def test_the_run_answers_its_conversation_in_chunks_a_query_can_carry() -> None:
     assert len(chunks) == 3 and [c.encode() for chunk in chunks for c in chunk] == [message_json(m) for m in messages]
     with pytest.raises(ValueError, match="the run holds 6 messages of its conversation, not 0 to 7"):
         sent.messages(ConversationRange(start=0, end=7))
+
+
+def test_a_history_a_hook_rewrote_refers_to_the_messages_it_left_as_they_were() -> None:
+    messages: list[ModelMessage] = [ModelResponse(parts=[TextPart(f"answer {i}")], model_name="m") for i in range(5)]
+    sent = SentConversation(sends_once=True)
+    assert sent.refer(messages) == (None, messages)
+    # A hook hands back the history as new objects, the fourth message redacted: the three before it are held.
+    rewritten = [dataclasses.replace(m) for m in messages]
+    rewritten[3] = ModelResponse(parts=[TextPart("[redacted]")], model_name="m")
+    earlier, new = sent.refer(rewritten)
+    assert earlier is not None and earlier.count == 3 and new == rewritten[3:]
+    # Versions before 4 send the whole conversation, each time.
+    assert SentConversation(messages, sends_once=False).refer(messages) == (None, messages)

@@ -6,9 +6,10 @@ that are new since the run's previous such activity, plus a reference to the one
 last sent, and the response the model activity answered, which the worker that made it keeps too. A worker that
 holds less (another worker, a restart) asks the run (`CONVERSATION_QUERY`), answered here from memory.
 
-The prefix is found by identity: the run's loop appends to its list of messages and replaces a message only by a
-new object (`with_note`, a hook's rewritten history), so an unchanged message is the same object. Everything here is
-a function of the run's own objects, so a replay rebuilds the same state.
+The prefix is found by identity first: the run's loop appends to its list of messages and replaces a message only
+by a new object (`with_note`, a hook's rewritten history), so an unchanged message is the same object. Past those,
+by digest: a history a hook rewrote (new objects) still refers to the messages it left as they were. Everything
+here is a function of the run's own objects, so a replay rebuilds the same state.
 """
 
 from __future__ import annotations
@@ -56,12 +57,18 @@ class SentConversation:
         if not self._sends_once:
             return None, messages  # type: ignore[return-value]
         held = self._messages
-        common = 0
         limit = min(len(held), len(messages))
+        common = 0
         while common < limit and held[common] is messages[common]:
             common += 1
-        if common < len(messages):  # as the worker's cache: it keeps the longer of what it held and what it got
-            self._adopt(list(messages), common)
+        if common < len(messages):
+            # Past the same objects, the same JSON counts too: a history a hook rewrote keeps what it did not change.
+            previous = self._digests[common - 1] if common else ""
+            digests = self._digests[:common] + digests_of((message_json(m) for m in messages[common:]), previous)
+            while common < limit and digests[common] == self._digests[common]:
+                common += 1
+            if common < len(messages):  # as the worker's cache: it keeps the longer of what it held and what it got
+                self._messages, self._digests = list(messages), digests
         if common == 0:
             return None, list(messages)
         return ConversationPrefix(count=common, digest=self._digests[common - 1]), list(messages[common:])
