@@ -80,8 +80,11 @@ def look(i: int) -> int:
     return i * 10
 
 
-def ours_agent(max_turns: int, calls: int) -> CodeModeAgent:
-    """Our side: turn k runs a program calling `look` `calls` times; after the prompt's turns, it answers."""
+def ours_agent(max_turns: int, calls: int, per_run: int | None = None) -> CodeModeAgent:
+    """Our side: turn k runs a program calling `look` `calls` times; after the prompt's turns, it answers.
+
+    `per_run`: the snippets one workflow run executes before it continues as new; `None`: more than any run makes.
+    """
 
     def step(messages: list[ModelMessage]) -> RunCode | str:
         k = _answered(messages)
@@ -93,7 +96,7 @@ def ours_agent(max_turns: int, calls: int) -> CodeModeAgent:
     agent.tool_plain(look)
     # Raised so that neither the snippet cap (25 per workflow run) nor the model-request cap (50) cuts the run:
     # one workflow run holds the whole conversation, unless Temporal suggests continuing as new.
-    limits = SnippetLimits(max_snippets_per_run=max_turns + 1, max_model_requests=max_turns + 5)
+    limits = SnippetLimits(max_snippets_per_run=per_run or max_turns + 1, max_model_requests=max_turns + 5)
     return CodeModeAgent(agent, limits=limits)
 
 
@@ -178,7 +181,7 @@ async def measure(side: str, turns: int, start: Callable[[], Awaitable[WorkflowH
 async def run(args: argparse.Namespace) -> int:
     print(machine(), flush=True)
     began = time.perf_counter()
-    durable = ours_agent(max(args.turns), args.calls)
+    durable = ours_agent(max(args.turns), args.calls, args.snippets_per_run)
     env = await start_dev_server(banner="off")  # the dev server's banner would land in the table
     rows: list[Measured] = []
     try:
@@ -236,7 +239,7 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         await env.shutdown()
         shutdown_pool()
-    print(table(rows, args.calls), flush=True)
+    print(table(rows, args.calls, args.snippets_per_run), flush=True)
     print(f"wall time of the whole bench: {time.perf_counter() - began:.0f} s", flush=True)
     return 0 if all(r.ok for r in rows) else 1
 
@@ -244,7 +247,7 @@ async def run(args: argparse.Namespace) -> int:
 SIDE_ORDER = ("ours", f"ours v{BEFORE_VERSION}", "pydantic-ai")
 
 
-def table(rows: list[Measured], calls: int) -> str:
+def table(rows: list[Measured], calls: int, per_run: int | None) -> str:
     """One table, grouped by side; the ratio against each side's own fixed bytes per turn (see the footnote)."""
     header = ["side", "turns", "history KB", "B/turn", "events", "model input B: first / largest later", "CAN runs",
               "messages KB", "history / (messages + fixed)", "wall s", "replay s", "result"]
@@ -270,7 +273,10 @@ def table(rows: list[Measured], calls: int) -> str:
     smallest = min(r.turns for r in rows)
     notes = [
         f"A turn: ours and ours v{BEFORE_VERSION} run one program calling one tool {calls} times (one activity "
-        "each); pydantic-ai calls the same tool once, as a plain tool call. Each run ends with a text answer.",
+        "each); pydantic-ai calls the same tool once, as a plain tool call. Each run ends with a text answer. Ours: "
+        + (f"{per_run} snippets per workflow run, then continue-as-new." if per_run else
+           "no snippet cap per workflow run (raised past the turns).")
+        + " Ours' model-request cap and pydantic-ai's request_limit are raised past the turns.",
         "history: sum of event.ByteSize() over every run of the chain (serialized protobuf, as stored); model "
         "input: a model-request activity's input (its payloads' data), the run's first request and the largest of "
         "the others; CAN runs: runs that continued as new (ours follows Temporal's suggestion, given past 4 MB of "
@@ -280,8 +286,7 @@ def table(rows: list[Measured], calls: int) -> str:
         "run's ratio is 1.00 by definition; a side whose history is linear in turns stays at or under 1.00 as "
         "turns grow (its per-run constants spread thinner), one that grows with the square goes over.",
         f"ours v{BEFORE_VERSION}: started with its recorded spec at behaviour version {BEFORE_VERSION} (the spec "
-        "in the run's input, not a describe marker; otherwise the same run). pydantic-ai: request_limit lifted "
-        "(its default 50 ends a 100-turn run). Every side replayed offline.",
+        "in the run's input, not a describe marker; otherwise the same run). Every side replayed offline.",
     ]
     out = [render(header), "-+-".join("-" * w for w in widths), *(render(line) for line in lines)]
     return "\n".join([*out, *notes])
@@ -291,9 +296,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, nargs="+", default=[10, 20, 40, 100], help="turns of each run")
     parser.add_argument("--calls", type=int, default=3, help="tool calls each of our programs makes")
+    parser.add_argument("--snippets-per-run", type=int, default=None,
+                        help="our runs continue as new after this many snippets (default: never; 25 is the "
+                             "SnippetLimits default)")
     args = parser.parse_args(argv)
-    if min(args.turns) < 1 or args.calls < 1:
-        parser.error("--turns and --calls must be positive")
+    if min(args.turns) < 1 or args.calls < 1 or (args.snippets_per_run or 1) < 1:
+        parser.error("--turns, --calls and --snippets-per-run must be positive")
     run_and_exit(run(args))
 
 
