@@ -44,12 +44,15 @@ pytestmark = pytest.mark.pydantic_ai_release  # runs again on the oldest pydanti
 
 SERVER = str(Path(__file__).with_name("_mcp_server.py"))
 _QUIET = {"FASTMCP_LOG_LEVEL": "ERROR"}
+SERVER_START_SECONDS = 120
+"""How long the test server may take to start and answer `initialize` (pydantic-ai's default is 5 s): it imports
+fastmcp first, ~3 s of CPU, and under two CPU burners beside the suite that took longer than 5 s."""
 
 
 def stdio_toolset(state: Path | None = None) -> MCPToolset[Any]:
     args = [SERVER, *(["--state", str(state)] if state else [])]
     return MCPToolset(StdioTransport(command=sys.executable, args=args, env=dict(os.environ, **_QUIET)),
-                      id="inventory")
+                      id="inventory", init_timeout=SERVER_START_SECONDS)
 
 
 def mcp_agent(name: str, toolset: MCPToolset[Any], *steps: Any, **options: Any) -> CodeModeAgent:
@@ -303,7 +306,8 @@ async def http_server() -> AsyncIterator[str]:
 
 
 async def test_streamable_http_server(client: Client, http_server: str) -> None:
-    agent = mcp_agent("mcp-http", MCPToolset(http_server, id="inventory"), RunCode(GATHERED),
+    toolset: MCPToolset[Any] = MCPToolset(http_server, id="inventory", init_timeout=SERVER_START_SECONDS)
+    agent = mcp_agent("mcp-http", toolset, RunCode(GATHERED),
                       CallTool("item", {"sku": "a"}), _answer, sandbox_tools=["stock", "skus", "item"])
     tq = new_task_queue()
     async with running_worker(client, [agent], task_queue=tq):

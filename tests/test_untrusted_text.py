@@ -23,7 +23,7 @@ from durable_codemode import CodeModeAgent, ToolOptions, start_run, wait_for_app
 from durable_codemode.shared._results import clip, code_lines, printable
 from durable_codemode.testing import RunCode, new_task_queue, replay, running_worker, scripted_model
 
-from .test_debugging import address, codemode, with_code
+from .test_debugging import address, codemode, with_activity_type
 
 CONTROL = "".join(chr(c) for c in [*range(0x20), 0x7F, *range(0x80, 0xA0)])
 """Every C0 control character, DEL and every C1 control character."""
@@ -130,8 +130,10 @@ async def test_no_command_prints_a_runs_text_raw(client: Client, tmp_path: Path)
     exported = await shown(client, "history", run_id)
     assert json.loads(exported)["events"]
 
-    # A replay that diverges quotes the recorded and the replayed call and the source line: escaped too.
-    diverged = with_code(json.loads(exported), lambda code: code.replace("fetch(key=", "fetch(key='\x1b[2K' + "))
+    # A replay that diverges quotes the recorded and the replayed call and the source line: escaped too. The recorded
+    # call's type is what is edited, not the program: a run whose stretch a loaded machine sent to the compute
+    # activity replays that stretch's recorded outcome, so an edited program would not diverge there.
+    diverged = with_activity_type(json.loads(exported), f"call{ARGV}.0", f"{name}.fetch\x1b[2K\x00")
     edited = tmp_path / "diverged.json"
     edited.write_text(json.dumps(diverged))
     report = await shown(client, "replay", "--history", str(edited), rc=1)
