@@ -47,11 +47,12 @@ from ._tracing import worker_interceptors
 from ._waiting_runs import start_check
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic_ai.messages import ModelResponse
+    from pydantic_ai.messages import AgentStreamEvent, ModelResponse
 
     from ..shared._activity_io import ModelRequestInput, ToolCallInput
     from ..shared._approvals import ApprovalDecision, BatchDecision
     from ..shared._carry import SealRequest, SealResult
+    from ..shared._conversation import ConversationRange
     from ..shared._records import RunResult
     from ..shared._types import AgentSpec, RunInput
 
@@ -92,8 +93,11 @@ recorded, and the worker exits. A call still running after it is cancelled and r
 with a killed worker: tools with side effects must honour `current_call().idempotency_key` for those."""
 
 _PAYLOAD_TYPES = (RunInput, RunResult, AgentSpec, ModelResponse, ToolCallInput, ModelRequestInput, SealRequest,
-                  SealResult, ApprovalDecision, BatchDecision)
-"""The types a worker's workflows and activities decode, warmed before it polls (`_converter.warm_up`)."""
+                  SealResult, ApprovalDecision, BatchDecision, AgentStreamEvent, ConversationRange)
+"""The types a worker's workflows and activities decode, warmed before it polls (`_converter.warm_up`).
+
+`AgentStreamEvent`: the run checks each model-stream item it is sent (`workflow._event_stream`); built cold in
+that signal's workflow task, its adapter took past Temporal's 2 s deadlock limit on a loaded machine."""
 
 
 def _workflow_task_slots(worker_options: dict[str, Any], pool: PoolSettings) -> int:
