@@ -39,7 +39,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle, Work
 
 from durable_codemode import CodeModeAgent, CodeModeUserError, RunFailedError, RunResult, run_result, start_run
 from durable_codemode.debugging import trace_run
-from durable_codemode.shared._activity_io import ModelRequestInput
+from durable_codemode.shared._activity_io import ModelRequestInput, carried_messages
 from durable_codemode.testing import (
     CallTool,
     FinalOutput,
@@ -125,7 +125,7 @@ def _model_inputs(client: Client, history: WorkflowHistory) -> list[ModelRequest
 
 def _sent(input: ModelRequestInput) -> int:
     """How many messages a model request sent the model: those its input carries, and those it refers to."""
-    return len(input.messages) + (input.earlier.count if input.earlier else 0)
+    return len(carried_messages(input)) + (input.earlier.count if input.earlier else 0)
 
 async def test_tool_hooks_fire_for_sandbox_and_native_calls_with_the_calls_context(client: Client) -> None:
     log: list[tuple[str, ...]] = []
@@ -884,5 +884,5 @@ async def test_compact_history_runs_in_the_model_step_and_the_run_keeps_the_comp
     sent = _model_inputs(client, await handle.fetch_history())
     assert [_sent(i) for i in sent[:3]] == [1, 3, 5] and _sent(sent[3]) < 7
     assert sent[3].earlier is None  # a history the run adopted is sent whole, once
-    assert any(type(p).__name__ == "CompactionPart" for p in sent[3].messages[0].parts)
+    assert any(type(p).__name__ == "CompactionPart" for p in carried_messages(sent[3])[0].parts)
 

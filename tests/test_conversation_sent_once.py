@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, TextPart
+from pydantic_ai.tools import ToolDefinition
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import ActivityEnvironment
@@ -77,6 +78,16 @@ def _agent(name: str, seen: list[list[Any]], turns: int, *, gated_turn: int | No
     return CodeModeAgent(inner, tool_options={"refund": ToolOptions(requires_approval=True)})
 
 
+@dataclasses.dataclass(kw_only=True)
+class _RequestBeforeVersion4:
+    """`ModelRequestInput` as releases before behaviour version 4 read it: the conversation and tools required."""
+
+    agent: str
+    model: str | None
+    messages: list[ModelMessage]
+    tools: list[ToolDefinition]
+
+
 def _model_requests(history: WorkflowHistory) -> list[tuple[ModelRequestInput, int, Any]]:
     """Each model request of the run: its input, the input's bytes, and the started event of its last attempt."""
     scheduled: dict[int, tuple[ModelRequestInput, int]] = {}
@@ -115,14 +126,20 @@ async def test_each_model_request_carries_only_what_is_new_and_the_model_sees_ev
     requests = _model_requests(await handle.fetch_history())
     assert len(requests) == 9
     first, first_bytes, _ = requests[0]
-    assert first.earlier is None and first.tools and first.tools_ref is None  # the run's first: everything
+    assert first.earlier is None and first.messages and first.tools and first.tools_ref is None  # all of it
     for k, (input, size, _) in enumerate(requests[1:], start=1):
         # Request k: the tool's return (one new message), the 2k before it by reference, the tools by digest.
         assert input.earlier is not None and input.earlier.count == 2 * k
-        assert len(input.messages) == 1 and input.tools == [] and input.tools_ref is not None
-        new_bytes = len(ModelMessagesTypeAdapter.dump_json(input.messages))
+        assert len(input.new_messages) == 1 and input.tools_ref is not None
+        assert input.messages is None and input.tools is None  # what a worker of an older release refuses
+        new_bytes = len(ModelMessagesTypeAdapter.dump_json(input.new_messages))
         assert size <= 2048 + new_bytes, (k, size, new_bytes)
     assert requests[-1][1] < first_bytes  # the run's eighth request is smaller than its first
+    # A worker of a release before behaviour version 4 reads the input as the whole conversation and the tools:
+    # it refuses one that refers to them, rather than send its model half a conversation and no tools.
+    payload = DATA_CONVERTER.payload_converter.to_payloads([requests[1][0]])[0]
+    with pytest.raises(ValueError, match=r"messages[\s\S]*tools"):
+        DATA_CONVERTER.payload_converter.from_payloads([payload], [_RequestBeforeVersion4])
 
 
 async def test_a_worker_that_holds_nothing_of_the_run_asks_the_run_for_it(client: Client) -> None:

@@ -25,7 +25,7 @@ from temporalio.service import RPCError
 from .._history_events import RecordedActivity, RecordedRun, failure_text, read_run
 from .._history_fetch import fetch_chain
 from .._storage import env_stores, resolve_history
-from ..shared._activity_io import ModelRequestInput
+from ..shared._activity_io import ModelRequestInput, carried_messages
 from ..shared._approvals import (
     APPROVE_SIGNAL,
     ApprovalRecord,
@@ -219,7 +219,7 @@ class _Assembler:
             turn.text = "".join(p.content for p in response.parts if isinstance(p, TextPart))
             nxt = requests[k + 1].input if k + 1 < len(requests) else None
             if isinstance(nxt, ModelRequestInput):
-                returns = _returns(nxt.messages)
+                returns = _returns(carried_messages(nxt))
             elif parsed.next_input is not None:
                 returns = _returns(parsed.next_input.message_history)
             else:

@@ -40,6 +40,7 @@ __all__ = [
     "RunErrorInput",
     "RunRecovery",
     "ToolCallInput",
+    "carried_messages",
 ]
 
 @dataclass(kw_only=True)
@@ -48,8 +49,13 @@ class ModelRequestInput:
 
     agent: str
     model: str | None
-    messages: list[ModelMessage]
-    tools: list[ToolDefinition]
+    messages: list[ModelMessage] | None
+    """The whole conversation; `None` when the input refers to the messages before (`earlier`) and carries the new
+    ones in `new_messages`: a worker of a release before behaviour version 4, which requires `messages`, then
+    refuses the input (a failed attempt, retried elsewhere) instead of sending its model half a conversation."""
+    tools: list[ToolDefinition] | None
+    """The run's tool definitions; `None` when the input refers to them (`tools_ref`), refused by older workers
+    for the same reason."""
     deps: Any = None
     """The run's deps (`RunInput.deps`), for model settings that are a function of the run context."""
     model_settings: dict[str, Any] | None = None
@@ -72,11 +78,18 @@ class ModelRequestInput:
     stream, and the request is made as before."""
     tools_ref: str | None = None
     """The digest of the run's tool definitions (`shared._conversation.tools_digest`), which an earlier request of
-    the run carried: `tools` is then empty. `None`: `tools` are the definitions (every request of runs of behaviour
+    the run carried: `tools` is then `None`. `None`: `tools` are the definitions (every request of runs of behaviour
     versions before 4, and a run's first)."""
     earlier: ConversationPrefix | None = None
-    """The messages before `messages`, by reference (`shared._conversation`): `messages` holds only the new
-    ones. `None`: `messages` is the whole conversation (runs of behaviour versions before 4 send it whole)."""
+    """The messages before `new_messages`, by reference (`shared._conversation`). `None`: `messages` is the whole
+    conversation (runs of behaviour versions before 4 send it whole, and a run's first request)."""
+    new_messages: list[ModelMessage] = field(default_factory=list)
+    """With `earlier`: the messages new since the run's previous activity that took the conversation."""
+
+
+def carried_messages(input: ModelRequestInput | OutputInput | AfterRunInput | RunErrorInput) -> list[ModelMessage]:
+    """The messages an input carries: the whole conversation, or (when it refers to those before) the new ones."""
+    return input.new_messages if input.earlier is not None else list(input.messages or [])
 
 
 @dataclass(kw_only=True)
@@ -107,8 +120,9 @@ class OutputInput:
 
     agent: str
     model: str | None
-    messages: list[ModelMessage]
-    """The conversation up to the request the response answers (what output validators see as `ctx.messages`)."""
+    messages: list[ModelMessage] | None
+    """The conversation up to the request the response answers (what output validators see as `ctx.messages`);
+    `None` when the input refers to it (`earlier`, `new_messages`), as `ModelRequestInput.messages`."""
     response: ModelResponse
     """The candidate: the response's output tool calls, or its text (and files) when it called no tool."""
     retries: int
@@ -122,7 +136,9 @@ class OutputInput:
     output_summary: str | None = None
     """The recorded output in words (`OutputShape.summary`), for that refusal."""
     earlier: ConversationPrefix | None = None
-    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
+    """The messages before `new_messages`, by reference, as in `ModelRequestInput.earlier`."""
+    new_messages: list[ModelMessage] = field(default_factory=list)
+    """With `earlier`: the messages new since the run's previous activity that took the conversation."""
 
 
 @dataclass
@@ -131,12 +147,15 @@ class AfterRunInput:
 
     agent: str
     model: str | None
-    messages: list[ModelMessage]
+    messages: list[ModelMessage] | None
+    """The run's conversation; `None` when the input refers to it, as `ModelRequestInput.messages`."""
     output: Any
     usage: RunUsage
     deps: Any = None
     earlier: ConversationPrefix | None = None
-    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
+    """The messages before `new_messages`, by reference, as in `ModelRequestInput.earlier`."""
+    new_messages: list[ModelMessage] = field(default_factory=list)
+    """With `earlier`: the messages new since the run's previous activity that took the conversation."""
 
 
 @dataclass(kw_only=True)
@@ -145,14 +164,17 @@ class RunErrorInput:
 
     agent: str
     model: str | None
-    messages: list[ModelMessage]
+    messages: list[ModelMessage] | None
+    """The run's conversation; `None` when the input refers to it, as `ModelRequestInput.messages`."""
     usage: RunUsage
     error_type: str
     """The failure's type, as the run would fail with it (`UsageLimitExceeded`, `UnexpectedModelBehavior`, ...)."""
     error_message: str
     deps: Any = None
     earlier: ConversationPrefix | None = None
-    """The messages before `messages`, by reference, as in `ModelRequestInput.earlier`."""
+    """The messages before `new_messages`, by reference, as in `ModelRequestInput.earlier`."""
+    new_messages: list[ModelMessage] = field(default_factory=list)
+    """With `earlier`: the messages new since the run's previous activity that took the conversation."""
 
 
 @dataclass(kw_only=True)

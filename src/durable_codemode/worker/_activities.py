@@ -42,6 +42,7 @@ from ..shared._activity_io import (
     RunErrorInput,
     RunRecovery,
     ToolCallInput,
+    carried_messages,
 )
 from ..shared._carry import SealRequest, SealResult
 from ..shared._config import AUTOMATIC_PAYLOAD_LIMIT_BYTES
@@ -208,8 +209,8 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         subject = _subject("the model request")
-        conversation = await self.conversations.resolve(input.messages, input.earlier, subject=subject)
-        tools = await self.conversations.tools(input.tools, input.tools_ref, subject=subject)
+        conversation = await self.conversations.resolve(carried_messages(input), input.earlier, subject=subject)
+        tools = await self.conversations.tools(input.tools or [], input.tools_ref, subject=subject)
         try:
             step = await heartbeating(request_model(agent,
                 input.model, conversation.messages, tools, deps=input.deps, model_settings=input.model_settings,
@@ -251,7 +252,7 @@ class CodeModeActivities:
         (the run fails with pydantic-ai's message); a validator's own transient failure is retried.
         """
         agent = self.agent(input.agent)
-        conversation = await self.conversations.resolve(input.messages, input.earlier,
+        conversation = await self.conversations.resolve(carried_messages(input), input.earlier,
                                                         subject=_subject("the output check"))
         try:
             return await heartbeating(check_output(
@@ -275,7 +276,7 @@ class CodeModeActivities:
         run with the hook's message (as it would fail `agent.run()`).
         """
         agent = self.agent(input.agent)
-        conversation = await self.conversations.resolve(input.messages, input.earlier,
+        conversation = await self.conversations.resolve(carried_messages(input), input.earlier,
                                                         subject=_subject("the after_run hooks"))
         try:
             return await heartbeating(after_run(agent, input.model, conversation.messages, input.output, input.usage,
@@ -299,7 +300,7 @@ class CodeModeActivities:
         """
         agent = self.agent(input.agent)
         error = run_failure(input.error_type, input.error_message)
-        conversation = await self.conversations.resolve(input.messages, input.earlier,
+        conversation = await self.conversations.resolve(carried_messages(input), input.earlier,
                                                         subject=_subject("the on_run_error hooks"))
         try:
             return RunRecovery(recovered=True, output=await heartbeating(

@@ -275,8 +275,9 @@ class CodeModeRunWorkflow(ApprovalHandlers, ConversationHandlers):
             earlier, sent = self._conversation.refer(messages)
             recovery: RunRecovery = await _run_deciding_activity(
                 RUN_ERROR_ACTIVITY,
-                RunErrorInput(agent=cont.spec.agent, model=input.model, messages=sent, earlier=earlier,
-                              usage=cont.usage, error_type=error_type, error_message=message, deps=input.deps),
+                RunErrorInput(agent=cont.spec.agent, model=input.model, messages=None if earlier else sent,
+                              earlier=earlier, new_messages=sent if earlier else [], usage=cont.usage,
+                              error_type=error_type, error_message=message, deps=input.deps),
                 result_type=RunRecovery,
                 summary=printable(f"on_run_error hooks ({clip(error_type, 200)})"),
             )
@@ -310,8 +311,9 @@ class CodeModeRunWorkflow(ApprovalHandlers, ConversationHandlers):
             tools_ref, tools = self._conversation.refer_tools(spec.model_tools)
             answer = await self._progress.model_request(workflow.execute_activity(
                 MODEL_REQUEST_ACTIVITY,
-                ModelRequestInput(agent=spec.agent, model=input.model, messages=sent, earlier=earlier,
-                                  tools=tools, tools_ref=tools_ref,
+                ModelRequestInput(agent=spec.agent, model=input.model, messages=None if earlier else sent,
+                                  earlier=earlier, new_messages=sent if earlier else [],
+                                  tools=None if tools_ref else tools, tools_ref=tools_ref,
                                   deps=input.deps, model_settings=input.model_settings, output=spec.output,
                                   hooks=hooked, usage=usage if hooked else None,
                                   run_step=usage.requests + 1 if hooked else 0,
@@ -405,8 +407,9 @@ class CodeModeRunWorkflow(ApprovalHandlers, ConversationHandlers):
             earlier, sent = self._conversation.refer(messages)
             output = await _run_deciding_activity(
                 AFTER_RUN_ACTIVITY,
-                AfterRunInput(agent=cont.spec.agent, model=input.model, messages=sent, output=output,
-                              usage=cont.usage, deps=input.deps, earlier=earlier),
+                AfterRunInput(agent=cont.spec.agent, model=input.model, messages=None if earlier else sent,
+                              output=output, usage=cont.usage, deps=input.deps, earlier=earlier,
+                              new_messages=sent if earlier else []),
                 result_type=None,
                 summary="after_run hooks",
             )
@@ -447,7 +450,8 @@ class CodeModeRunWorkflow(ApprovalHandlers, ConversationHandlers):
         earlier, sent = self._conversation.refer(before)
         verdict: OutputVerdict = await _run_deciding_activity(
             OUTPUT_ACTIVITY,
-            OutputInput(agent=self._spec.agent, model=input.model, messages=sent, earlier=earlier, response=candidate,
+            OutputInput(agent=self._spec.agent, model=input.model, messages=None if earlier else sent, earlier=earlier,
+                        new_messages=sent if earlier else [], response=candidate,
                         retries=self._run_loop.output_retries, deps=input.deps, model_settings=input.model_settings,
                         output_fingerprint=shape.fingerprint, output_summary=shape.summary()),
             result_type=OutputVerdict,
