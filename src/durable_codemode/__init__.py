@@ -6,6 +6,7 @@ code and replay deterministically; every tool call a program makes is a recorded
 
 from ._encryption import EncryptionCodec, EncryptionError, EncryptionKeyError, EncryptionKeys
 from ._process import run_script
+from ._s3_store import PayloadNotFoundError, PayloadStoreAccessError, PayloadStoreError, S3PayloadStore
 from ._storage import LocalPayloadStore, data_converter
 from .client._connect import connect
 from .client._deciding import decide, decide_all, pending_approvals, rejected_decisions, wait_for_approvals
@@ -74,6 +75,9 @@ __all__ = [
     "InvalidRunInputError",
     "LocalPayloadStore",
     "OutputChangedError",
+    "PayloadNotFoundError",
+    "PayloadStoreAccessError",
+    "PayloadStoreError",
     "PendingApproval",
     "PoolSettings",
     "RejectedDecision",
@@ -83,6 +87,7 @@ __all__ = [
     "RunNotFoundError",
     "RunResult",
     "RunWorkflowFailedError",
+    "S3PayloadStore",
     "SnippetLimits",
     "SnippetRecord",
     "ToolCallContext",

@@ -1,4 +1,4 @@
-"""Claim-check for large payloads: Temporal's external payload storage, with a local store of ours.
+"""Claim-check for large payloads: Temporal's external payload storage, with a local store and an S3 store.
 
 A tool result of a few MB (a report, a page of raw records), a long conversation or a big REPL dump would pass
 Temporal's 2 MiB payload limit and fail the call or the workflow task. With a payload store configured, every
@@ -6,10 +6,18 @@ payload over a threshold (256 KiB by default) is written to the store and the hi
 (Temporal's `ExternalStorage`, applied by the data converter on clients, workers and replayers alike). The
 workflow code sees the full values, so nothing else changes.
 
-`LocalPayloadStore` keeps payloads as content-addressed files in a directory: enough for one machine, a shared
-volume, or debugging, where an exported history plus the directory replays offline. For a cluster, use a
-shared driver from Temporal (`temporalio.contrib.aws.s3driver`, `temporalio.contrib.gcp.gcsdriver`) with
-`data_converter(store=...)`: it takes any `StorageDriver`.
+Where `CODEMODE_PAYLOAD_STORE` (or `connect(payload_store=...)`, `data_converter(store=...)`) puts them:
+
+- a directory: `LocalPayloadStore`, content-addressed files. Enough for one machine, a shared volume, or debugging,
+  where an exported history plus the directory replays offline.
+- `s3://bucket/prefix`: `S3PayloadStore` (`_s3_store`), Temporal's `S3StorageDriver` on a bucket every host of a
+  cluster reads, with the AWS settings from the environment (`AWS_ENDPOINT_URL` for an S3-compatible server).
+- in Python, any Temporal `StorageDriver`: a plain `temporalio.contrib.aws.s3driver.S3StorageDriver` (its
+  references and `S3PayloadStore`'s are the same, and either reads the other's), `temporalio.contrib.gcp.gcsdriver`.
+
+Encryption (`CODEMODE_ENCRYPTION_KEYS`) comes first: a stored payload is ciphertext before it leaves the process.
+A store that cannot read or write a payload fails the workflow task or activity that needed it, which Temporal
+retries; the run itself does not fail for it (docs/operations.md#s3-for-a-cluster).
 """
 
 from __future__ import annotations
@@ -39,13 +47,15 @@ from temporalio.converter import (
 from ._converter import DATA_CONVERTER
 from ._encryption import EncryptionCodec, EncryptionKeys, resolve_encryption
 from ._history_payloads import payload_fields
+from ._s3_store import S3_DRIVER_NAME, S3PayloadStore
 from .shared._errors import CodeModeUserError
 
 __all__ = ["DEFAULT_PAYLOAD_THRESHOLD", "PAYLOAD_STORE_ENV", "LocalPayloadStore", "data_converter",
            "env_stores", "resolve_history", "store_from_env", "stores_of", "with_encryption"]
 
 PAYLOAD_STORE_ENV = "CODEMODE_PAYLOAD_STORE"
-"""A directory for `LocalPayloadStore`; set it on every client, worker and replayer of the namespace."""
+"""A directory (`LocalPayloadStore`) or `s3://bucket/prefix` (`S3PayloadStore`); the same on every client, worker and
+replayer of the namespace."""
 
 DEFAULT_PAYLOAD_THRESHOLD = 256 * 1024
 """Payloads at least this big (bytes, encoded) go to the store; smaller ones stay in the history."""
@@ -160,10 +170,23 @@ def with_encryption(converter: DataConverter, keys: EncryptionKeys) -> DataConve
                                failure_converter_class=DefaultFailureConverterWithEncodedAttributes)
 
 
-def store_from_env() -> LocalPayloadStore | None:
-    """`LocalPayloadStore(CODEMODE_PAYLOAD_STORE)` when that is set, else `None`."""
-    directory = os.environ.get(PAYLOAD_STORE_ENV, "").strip()
-    return LocalPayloadStore(directory) if directory else None
+def store_from_env() -> StorageDriver | None:
+    """The store `CODEMODE_PAYLOAD_STORE` names (`None` when it is unset).
+
+    `s3://bucket/prefix`: an `S3PayloadStore` (the AWS settings from the environment); anything else: a
+    `LocalPayloadStore` of that directory.
+
+    Raises:
+        CodeModeUserError: a URL of another scheme, or an s3:// URL without a bucket (named, with what to write),
+            or an s3:// URL where aioboto3 is not installed.
+
+    """
+    value = os.environ.get(PAYLOAD_STORE_ENV, "").strip()
+    if not value:
+        return None
+    if "://" in value:
+        return S3PayloadStore.from_url(value)
+    return LocalPayloadStore(value)
 
 
 _REFERENCE_TYPE = ExternalStorageReference.DESCRIPTOR.full_name.encode()
@@ -173,24 +196,35 @@ async def resolve_history(history: WorkflowHistory, drivers: Sequence[StorageDri
     """Replace every external-storage reference in `history` by the payload it names (in place; returns it).
 
     The debugging tools read payloads straight from histories; after this they see the values, not references,
-    and a resolved history replays without a store.
+    and a resolved history replays without a store. One `retrieve` call per store for the whole history (an S3
+    store opens one client for it).
+
+    Raises:
+        CodeModeUserError: a reference names a store not among `drivers` (the message says what to configure).
+        PayloadStoreError: a store could not read a payload (`PayloadNotFoundError`, `PayloadStoreAccessError`).
+
     """
     by_name = {d.name(): d for d in drivers}
     converter = JSONProtoPayloadConverter()
+    wanted: dict[str, list[tuple[Payload, StorageDriverClaim]]] = {}
     for event in history.events:
         for payload in payload_fields(event):
             if payload.metadata.get("messageType") != _REFERENCE_TYPE:
                 continue
             ref = converter.from_payload(payload, ExternalStorageReference)
-            driver = by_name.get(ref.driver_name)
-            if driver is None:
+            if ref.driver_name not in by_name:
+                where = ("to s3://BUCKET/PREFIX, with the AWS settings, for the S3 bucket"
+                         if ref.driver_name == S3_DRIVER_NAME else "to the directory")
                 raise CodeModeUserError(
                     f"the history refers to payloads in the store {ref.driver_name!r}, which is not configured here: "
-                    f"set {PAYLOAD_STORE_ENV} to the directory the run's workers wrote to"
+                    f"set {PAYLOAD_STORE_ENV} {where} the run's workers wrote to (docs/operations.md#s3-for-a-cluster)"
                 )
             claim = StorageDriverClaim(claim_data=dict(ref.claim_data))
-            (stored,) = await driver.retrieve(StorageDriverRetrieveContext(), [claim])
-            payload.CopyFrom(stored)
+            wanted.setdefault(ref.driver_name, []).append((payload, claim))
+    for name, items in wanted.items():
+        stored = await by_name[name].retrieve(StorageDriverRetrieveContext(), [claim for _, claim in items])
+        for (payload, _), value in zip(items, stored, strict=True):
+            payload.CopyFrom(value)
     return history
 
 
