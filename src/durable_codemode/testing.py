@@ -251,9 +251,12 @@ async def replay(handle: WorkflowHandle[Any, Any]) -> list[WorkflowReplayResult]
     """Replay every run of `handle`'s chain with Temporal's `Replayer`, offline; raise on any divergence."""
     # The client's converter, so runs whose large payloads live in a payload store replay too.
     # debug_mode: offline there is no 2 s deadlock detector, so no replay depends on this machine's speed.
+    # The run's namespace: a payload store keys objects by namespace (S3's driver does), so a large payload the
+    # replay re-encodes is found where the run wrote it, not written again under the Replayer's `ReplayNamespace`.
     client = handle._client  # not pydantic-ai: temporalio's WorkflowHandle keeps its client private
     replayer = Replayer(workflows=[CodeModeRunWorkflow], data_converter=client.data_converter,
-                        workflow_runner=workflow_runner(), debug_mode=True, build_id=REPLAY_BUILD_ID)
+                        workflow_runner=workflow_runner(), debug_mode=True, build_id=REPLAY_BUILD_ID,
+                        namespace=client.namespace)
     results = []
     for history in await fetch_chain_histories(handle):
         results.append(await replayer.replay_workflow(history))
