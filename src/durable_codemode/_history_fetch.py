@@ -21,7 +21,7 @@ from .shared._errors import CodeModeUserError, RunNotFoundError
 from .shared._names import WORKFLOW_TYPE
 
 __all__ = ["fetch_chain", "fetch_history", "histories_from_json", "histories_to_json", "read_histories",
-           "write_histories"]
+           "resolve_stored", "write_histories"]
 
 
 def _not_found(error: RPCError) -> bool:
@@ -151,6 +151,22 @@ def _decrypted(history: WorkflowHistory, encryption: Encryption) -> WorkflowHist
     codec = EncryptionCodec(keys, subject=f"run {history.workflow_id!r}")
     decrypt_events(history.events, codec.decrypt)
     return history
+
+
+async def resolve_stored(histories: Sequence[WorkflowHistory]) -> list[WorkflowHistory]:
+    """Histories loaded from a file, with the payloads their references name read back and decrypted.
+
+    A file exported as the server stores it (`temporal workflow show`, the UI) keeps references to the payload
+    store (`CODEMODE_PAYLOAD_STORE`). `histories_from_json` decrypted what it held; what the store gives back was
+    encrypted before it was stored, so it is decrypted here in turn (`CODEMODE_ENCRYPTION_KEYS`).
+
+    Raises:
+        CodeModeUserError: a reference names a store not configured here.
+        PayloadStoreError: the store could not read a payload (missing, access refused).
+        EncryptionKeyError: a stored payload is encrypted with a key not configured (the message names it).
+
+    """
+    return [_decrypted(await resolve_history(h, env_stores()), None) for h in histories]
 
 
 def write_histories(path: str | Path, histories: Sequence[WorkflowHistory]) -> None:

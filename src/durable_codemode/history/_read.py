@@ -23,8 +23,7 @@ from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
 from .._history_events import RecordedActivity, RecordedRun, failure_text, read_run
-from .._history_fetch import fetch_chain
-from .._storage import env_stores, resolve_history
+from .._history_fetch import fetch_chain, resolve_stored
 from ..shared._activity_io import ModelRequestInput, carried_messages
 from ..shared._approvals import (
     APPROVE_SIGNAL,
@@ -440,7 +439,7 @@ async def trace_histories(
     """
     captures: list[ReplayCapture] = []
     notes: list[str] = []
-    histories = [await resolve_history(h, env_stores()) for h in histories]  # e.g. exported with references
+    histories = await resolve_stored(histories)  # e.g. exported with references
     if replay:
         for history in histories:
             capture = await replay_history(history, runtime=runtime)

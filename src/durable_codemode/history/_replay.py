@@ -28,8 +28,7 @@ from typing import Literal
 from temporalio.client import Client, WorkflowExecution, WorkflowHistory
 from temporalio.runtime import Runtime
 
-from .._history_fetch import fetch_chain, fetch_history
-from .._storage import env_stores, resolve_history
+from .._history_fetch import fetch_chain, fetch_history, resolve_stored
 from ..shared._config import SnippetLimits
 from ..shared._errors import CodeModeUserError
 from ..shared._names import WORKFLOW_TYPE
@@ -193,7 +192,7 @@ async def replay_histories(histories: Sequence[WorkflowHistory], *, runtime: Run
     if not histories:
         raise CodeModeUserError("no history to replay")
     report = ReplayReport(workflow_id=histories[0].workflow_id)
-    for history in [await resolve_history(h, env_stores()) for h in histories]:
+    for history in await resolve_stored(histories):
         report.runs.append(await _replay_one(history, runtime))
     return report
 
