@@ -228,14 +228,16 @@ class WorkerFleet:
 
 
 async def start_worker_process(module: str, args: list[str], *, identity: str, logs: Path,
-                               ready: str = READY, timeout: float = 60.0) -> WorkerProcess:
+                               ready: str = READY, timeout: float = 60.0, env: dict[str, str] | None = None,
+                               cwd: Path = ROOT) -> WorkerProcess:
     """Start `python -m module args...` in its own process group; return once it prints a line starting `ready`.
 
     Forked (`tests/_forked.start_module`). For worker modules other than the ledger worker (`tests._deploy_agents`);
-    the caller kills what it started (`WorkerProcess.kill`), also when the test fails.
+    the caller kills what it started (`WorkerProcess.kill`), also when the test fails. `env`: its whole environment
+    (default: this process's); `cwd`: its working directory.
     """
     log = logs / f"{identity}.log"
-    worker = WorkerProcess(start_module(module, args, log=log, cwd=ROOT), identity, log, live=True)
+    worker = WorkerProcess(start_module(module, args, log=log, cwd=cwd, env=env), identity, log, live=True)
     await WorkerFleet._wait_for_line(worker, ready, time.monotonic() + timeout)
     return worker
 
