@@ -11,6 +11,7 @@ import shutil
 import socket
 import sys
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Literal
 
@@ -124,6 +125,11 @@ def _stdout_to(where: Literal["stdout", "stderr", "off"]) -> Iterator[None]:
         os.close(sink)
 
 
+DEV_SERVER_STARTUP_TIMEOUT = timedelta(seconds=60)
+"""How long the dev server may take to answer after it is spawned (Temporal's default is 5 s): on a loaded machine
+(a CI worker beside two CPU burners) it took longer, and every test of that process failed before it began."""
+
+
 async def _start_local(*, db_file: str | Path | None, port: int | None, ui: bool, ui_port: int | None,
                        extra_args: Sequence[str], keys: EncryptionKeys | None) -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_local(
@@ -136,4 +142,5 @@ async def _start_local(*, db_file: str | Path | None, port: int | None, ui: bool
         ui=ui,
         ui_port=ui_port,
         dev_server_extra_args=[*DEV_SERVER_DEFAULT_ARGS, *extra_args],
+        dev_server_startup_timeout=DEV_SERVER_STARTUP_TIMEOUT,
     )
