@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from durable_codemode import (
     CodeModeRunWorkflow,
     CodeModeUserError,
     LocalPayloadStore,
+    PayloadNotFoundError,
     connect,
     data_converter,
     start_run,
@@ -89,3 +91,8 @@ async def test_a_reference_without_its_store_is_a_clear_error(env: WorkflowEnvir
     history = await handle.fetch_history()
     with pytest.raises(CodeModeUserError, match="set CODEMODE_PAYLOAD_STORE to the directory"):
         await resolve_history(history, [])
+    # The store's own directory, emptied: the missing payload is named, with what to do.
+    shutil.rmtree(store.directory)
+    store.directory.mkdir()
+    with pytest.raises(PayloadNotFoundError, match=r"is not in the payload store .*: point CODEMODE_PAYLOAD_STORE"):
+        await resolve_history(history, [store])

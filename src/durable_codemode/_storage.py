@@ -47,7 +47,7 @@ from temporalio.converter import (
 from ._converter import DATA_CONVERTER
 from ._encryption import EncryptionCodec, EncryptionKeys, resolve_encryption
 from ._history_payloads import payload_fields
-from ._s3_store import S3_DRIVER_NAME, S3PayloadStore
+from ._s3_store import S3_DRIVER_NAME, PayloadNotFoundError, PayloadStoreError, S3PayloadStore
 from .shared._errors import CodeModeUserError
 
 __all__ = ["DEFAULT_PAYLOAD_THRESHOLD", "PAYLOAD_STORE_ENV", "LocalPayloadStore", "data_converter",
@@ -106,12 +106,13 @@ class LocalPayloadStore(StorageDriver):
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            raise FileNotFoundError(
+            raise PayloadNotFoundError(
                 f"payload {digest} is not in the payload store {self.directory}: point {PAYLOAD_STORE_ENV} (or "
                 "LocalPayloadStore) at the directory the run's workers wrote to"
             ) from None
         if hashlib.sha256(data).hexdigest() != digest:
-            raise ValueError(f"payload file {path} does not match its digest: the store is corrupt")
+            raise PayloadStoreError(f"payload file {path} does not match its digest: the store is corrupt; restore "
+                                    "the file from a backup, or from another directory the run's workers wrote to")
         return data
 
     async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
