@@ -30,11 +30,10 @@ import aioboto3
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
-from temporalio.api.common.v1 import Payload, WorkflowExecution
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
-from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowHistory
 from temporalio.common import RetryPolicy
 from temporalio.contrib.aws.s3driver import S3StorageDriver
 from temporalio.contrib.aws.s3driver.aioboto3 import new_aioboto3_client
@@ -63,6 +62,7 @@ from ._forked import run_codemode, run_script
 from ._s3_worker import READY, REPORT_BYTES, expected, report_agent, report_text
 from ._workers import WorkerProcess, start_worker_process
 from .test_compute import SLOW_LOAD, TIGHT, echo
+from .test_encrypted_runs import next_event
 
 pytestmark = pytest.mark.xdist_group("s3-store")  # one moto server for the module, in one test process
 
@@ -157,22 +157,6 @@ def history_bytes(history: WorkflowHistory) -> int:
 
 def prefix_for(test: str) -> str:
     return f"{test}-{os.urandom(3).hex()}"
-
-
-async def next_event(client: Client, workflow_id: str, wanted: Callable[[HistoryEvent], bool]) -> HistoryEvent:
-    """The first event of the run's history for which `wanted` holds, waiting for the server to record it."""
-    token = b""
-    for _ in range(600):
-        response = await client.workflow_service.get_workflow_execution_history(
-            GetWorkflowExecutionHistoryRequest(namespace=client.namespace,
-                                               execution=WorkflowExecution(workflow_id=workflow_id),
-                                               next_page_token=token, wait_new_event=True),
-            timeout=timedelta(seconds=5))
-        for event in response.history.events:
-            if wanted(event):
-                return event
-        token = response.next_page_token or token
-    raise AssertionError(f"run {workflow_id!r} never recorded the event waited for")
 
 
 def _is(kind: EventType.ValueType) -> Callable[[HistoryEvent], bool]:
